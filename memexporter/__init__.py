@@ -1,0 +1,15 @@
+"""memexporter: PyTorch training memory on a Prometheus ``/metrics`` endpoint, in one line.
+
+    import memexporter
+    memexporter.start(port=9400)
+
+See the README for the metrics, the alert rules and the dashboards.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from memexporter.api import Exporter, start, step, stop, track  # noqa: E402
+
+__all__ = ["Exporter", "__version__", "start", "step", "stop", "track"]

@@ -1,0 +1,74 @@
+"""The public functions. ``memexporter/__init__.py`` re-exports them and nothing else."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memexporter import exporter as _exporter
+from memexporter.exporter import Exporter
+from memexporter.tracking import steps as _steps
+
+if TYPE_CHECKING:
+    from memexporter.tracking.modules import TrackHandle
+
+
+def start(
+    port: int | None = None,
+    *,
+    addr: str | None = None,
+    strict: bool | None = None,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    memory_limit_bytes: int | None = None,
+    leak_window: int | None = None,
+    warmup_steps: int | None = None,
+    auto_step: bool | None = None,
+    module_depth: int | None = None,
+    max_modules: int | None = None,
+    model: Any = None,
+    optimizer: Any = None,
+) -> Exporter:
+    """Start serving this process's memory state on ``http://<addr>:<port + LOCAL_RANK>/metrics``.
+
+    Non-blocking and idempotent: a second call warns and returns the running exporter. Every
+    keyword except ``model``/``optimizer`` also reads ``MEMEXPORTER_<NAME>`` from the environment;
+    an explicit argument wins. Defaults: port 9400, all interfaces. See the README's configuration
+    table for each knob.
+
+    ``model=`` (and ``optimizer=``) also starts per-module tracking, as ``track(model, optimizer)``.
+
+    Raises ``TypeError``/``ValueError`` naming a bad value. A port that is taken is logged and
+    training goes on (``Exporter.port`` is ``None``), unless ``strict=True``, which raises ``OSError``.
+    """
+    settings = {
+        "port": port, "addr": addr, "strict": strict, "certfile": certfile, "keyfile": keyfile,
+        "memory_limit_bytes": memory_limit_bytes, "leak_window": leak_window,
+        "warmup_steps": warmup_steps, "auto_step": auto_step, "module_depth": module_depth,
+        "max_modules": max_modules,
+    }
+    return _exporter.start(model=model, optimizer=optimizer, **settings)
+
+
+def stop() -> None:
+    """Stop the running exporter (free the port, remove its hooks). A no-op when none runs."""
+    _exporter.stop()
+
+
+def step() -> None:
+    """Mark a training-step boundary by hand.
+
+    Optional: every ``optimizer.step()`` is detected. Call it when one optimizer step is not one
+    step of yours; from the first call on, optimizer steps no longer count. Cheap; never raises.
+    """
+    _steps.step()
+
+
+def track(model: Any, optimizer: Any = None, **options: Any) -> TrackHandle:
+    """Report per-module parameter, gradient, optimizer-state and activation bytes for ``model``.
+
+    Returns a handle: ``handle.remove()``, or use it as a context manager. Options (``depth``,
+    ``max_modules``, ``prefix``...) are documented in ``docs/modules.md``.
+    """
+    from memexporter.tracking.modules import track as _track
+
+    return _track(model, optimizer, **options)

@@ -1,0 +1,135 @@
+"""Host memory: the only module that reads psutil and cgroup files.
+
+A container's memory limit is a cgroup limit, not the machine's RAM, and the kernel's OOM killer
+acts on it. So the limit and the available memory are the tighter of the machine's and the
+cgroup's: cgroup v2 (``memory.max``, ``memory.current``) or v1 (``memory.limit_in_bytes``,
+``memory.usage_in_bytes``), walking up the hierarchy for the tightest limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+# cgroup v1 reports "no limit" as a huge page-aligned number rather than "max".
+_V1_UNLIMITED = 1 << 60
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """Host memory in bytes. ``available`` and ``limit`` are cgroup-aware."""
+
+    rss: int
+    children_rss: int
+    available: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """The tightest cgroup limit and the reclaim-adjusted usage in that cgroup, in bytes."""
+
+    limit: int
+    usage: int
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max" or not text.lstrip("-").isdigit():
+        return None
+    value = int(text)
+    return None if value >= _V1_UNLIMITED else value
+
+
+def _inactive_file(stat: Path) -> int:
+    # Page cache on the inactive list is reclaimed before the OOM killer acts; subtracting it
+    # gives the "working set" that cAdvisor and the kubelet use for eviction.
+    try:
+        for line in stat.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key in ("inactive_file", "total_inactive_file"):
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def read_cgroup(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> CgroupMemory | None:
+    """The memory cgroup limit of this process, or ``None`` when no limit is set or readable."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    best: CgroupMemory | None = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        if controllers == "":  # cgroup v2 unified hierarchy
+            base, limit_f, usage_f, stat_f = root, "memory.max", "memory.current", "memory.stat"
+        elif "memory" in controllers.split(","):  # cgroup v1
+            base, limit_f, usage_f, stat_f = root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat"
+        else:
+            continue
+        # Inside a container the path in /proc/self/cgroup may not exist under the mount (the
+        # namespace root is mounted at the root), so try the path and each ancestor, then the root.
+        rel_path = Path(rel.lstrip("/"))
+        for candidate in [base / rel_path, *(base / p for p in rel_path.parents)]:
+            limit = _read_int(candidate / limit_f)
+            usage = _read_int(candidate / usage_f)
+            if limit is None or usage is None:
+                continue
+            usage = max(0, usage - _inactive_file(candidate / stat_f))
+            if best is None or limit < best.limit:
+                best = CgroupMemory(limit=limit, usage=usage)
+    return best
+
+
+class HostBackend:
+    """psutil for the process and the machine, cgroup files for the container limit."""
+
+    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> None:
+        self._proc = psutil.Process()
+        self._cgroup_root = cgroup_root
+        self._proc_cgroup = proc_cgroup
+
+    def rss(self) -> int:
+        """Resident set size of this process (``memory_info().rss``); cheap, for the step tracker."""
+        return int(self._proc.memory_info().rss)
+
+    def peak_rss(self) -> int:
+        """Lifetime high-water mark of the RSS (``VmHWM`` from ``/proc/self/status``), or 0 if unknown.
+
+        Read, never reset: clearing it would change what the user's own tools report.
+        """
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return 0
+
+    def sample(self) -> HostSample:
+        """One reading of every host figure."""
+        rss = self.rss()
+        children = 0
+        for child in self._proc.children(recursive=True):
+            try:
+                children += int(child.memory_info().rss)
+            except psutil.Error:  # a worker that exited between listing and reading
+                continue
+        vm = psutil.virtual_memory()
+        available, limit = int(vm.available), int(vm.total)
+        cg = read_cgroup(self._cgroup_root, self._proc_cgroup)
+        if cg is not None:
+            limit = min(limit, cg.limit)
+            available = min(available, max(0, cg.limit - cg.usage))
+        return HostSample(rss=rss, children_rss=children, available=available, limit=limit)

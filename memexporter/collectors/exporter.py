@@ -1,0 +1,32 @@
+"""The exporter's own identity: build and process info, and hook errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+
+from memexporter.metrics import families
+from memexporter.scrape import Scrape
+
+
+def hook_errors(scrape: Scrape) -> int:
+    """Errors caught in the step hooks and the module hooks, summed."""
+    from memexporter.tracking import modules
+
+    tracker = scrape.sources.steps
+    return (tracker.errors if tracker is not None else 0) + modules.hook_errors()
+
+
+class ExporterCollector:
+    name = "exporter"
+
+    def collect(self, scrape: Scrape) -> Iterable[Metric]:
+        src = scrape.sources
+        ident = src.identity
+        torch_version, cuda_version = src.cuda.versions()
+        return families({
+            "memexporter_build_info": [((ident.rank, src.version, torch_version, cuda_version), 1.0)],
+            "memexporter_process_info": [((ident.rank, ident.local_rank, ident.world_size, ident.hostname), 1.0)],
+            "memexporter_hook_errors_total": [((ident.rank,), float(hook_errors(scrape)))],
+        })

@@ -1,0 +1,22 @@
+"""The OOM view, the same for every device: ``used`` and ``limit`` (computed in ``Scrape.views``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+
+from memexporter.metrics import families
+from memexporter.scrape import Scrape
+
+
+class MemoryCollector:
+    name = "memory"
+
+    def collect(self, scrape: Scrape) -> Iterable[Metric]:
+        rank = scrape.sources.rank
+        views = scrape.views
+        return families({
+            "memexporter_memory_used_bytes": [((rank, d), v.used) for d, v in views.items()],
+            "memexporter_memory_limit_bytes": [((rank, d), v.limit) for d, v in views.items()],
+        })

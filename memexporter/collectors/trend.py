@@ -1,0 +1,43 @@
+"""Per-step peak, baseline, leak rate and OOM ETA, from the step tracker's snapshot.
+
+The training thread appends one point per step (tracking/steps.py); this collector copies the
+windows and runs the robust estimate (trend.py) against the current limit. ``steps_total`` is 0
+until the first step, so alerts can tell "no steps yet" from "no exporter".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+
+from memexporter.metrics import families
+from memexporter.scrape import Scrape
+from memexporter.trend import estimate
+
+
+class TrendCollector:
+    name = "trend"
+
+    def collect(self, scrape: Scrape) -> Iterable[Metric]:
+        tracker = scrape.sources.steps
+        if tracker is None:
+            return []
+        rank = scrape.sources.rank
+        snap = tracker.snapshot()
+        views = scrape.views
+        rows: dict[str, list[tuple[tuple[str, ...], float]]] = {
+            "memexporter_memory_peak_bytes": [], "memexporter_memory_baseline_bytes": [],
+            "memexporter_leak_rate_bytes_per_second": [], "memexporter_leak_bytes_per_step": [],
+            "memexporter_oom_eta_seconds": [], "memexporter_steps_total": [((rank,), float(snap.steps))],
+        }
+        for device, points in snap.devices.items():
+            view = views.get(device)
+            est = estimate(points, view.limit if view is not None else None)
+            labels = (rank, device)
+            rows["memexporter_memory_peak_bytes"].append((labels, est.peak_bytes))
+            rows["memexporter_memory_baseline_bytes"].append((labels, est.baseline_bytes))
+            rows["memexporter_leak_rate_bytes_per_second"].append((labels, est.leak_bytes_per_second))
+            rows["memexporter_leak_bytes_per_step"].append((labels, est.leak_bytes_per_step))
+            rows["memexporter_oom_eta_seconds"].append((labels, est.oom_eta_seconds))
+        return families(rows)

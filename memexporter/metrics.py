@@ -1,0 +1,141 @@
+"""The metric spec table: the single source of truth for every series memexporter exports.
+
+Collectors build their families from these specs, the OTel adapter and the README's metrics
+reference are derived from them, and tests check dashboards and rules against them. Add a row
+here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+MetricType = Literal["gauge", "counter"]
+
+RANK = ("rank",)
+DEVICE = ("rank", "device")
+MODULE = ("rank", "module")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric family.
+
+    ``name`` is the full exposition name (counters include ``_total``); ``unit`` is the base unit
+    (``bytes``, ``seconds``, ``ratio``...) or ``""``; ``help`` says where the value comes from.
+    ``cuda_only`` marks series that exist only when a CUDA device is in use.
+    """
+
+    name: str
+    type: MetricType
+    unit: str
+    help: str
+    labels: tuple[str, ...]
+    collector: str
+    otel_name: str
+    cuda_only: bool = False
+
+    def family(self) -> Metric:
+        """A fresh, empty Prometheus family for this spec (built anew on every scrape)."""
+        if self.type == "counter":
+            # CounterMetricFamily appends `_total` itself; strip it so the name round-trips.
+            return CounterMetricFamily(self.name.removesuffix("_total"), self.help, labels=self.labels)
+        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+
+
+def _g(name: str, unit: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False) -> MetricSpec:
+    return MetricSpec(f"memexporter_{name}", "gauge", unit, help, labels, collector, otel, cuda)
+
+
+def _c(name: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False) -> MetricSpec:
+    return MetricSpec(f"memexporter_{name}_total", "counter", "", help, labels, collector, otel, cuda)
+
+
+_MS = "torch.cuda.memory_stats()"
+
+SPECS: tuple[MetricSpec, ...] = (
+    # --- The OOM view: the same for every device (collectors/memory.py, collectors/trend.py).
+    _g("memory_used_bytes", "bytes", f"Memory in use. cuda: {_MS}['allocated_bytes.all.current']; cpu: process RSS (psutil).", DEVICE, "memory", "memexporter.memory.used"),
+    _g("memory_limit_bytes", "bytes", "Most that used can reach before an OOM: held plus free to this process. cuda: reserved + device free (NVML), capped by the per-process memory fraction; cpu: RSS + available (cgroup-aware). Replaced by memory_limit_bytes= when set.", DEVICE, "memory", "memexporter.memory.limit"),
+    _g("memory_peak_bytes", "bytes", "Highest used within the last completed step: the lifetime high-water mark when it rose during the step (exact), else the highest sample taken in the step (a lower bound).", DEVICE, "trend", "memexporter.memory.peak"),
+    _g("memory_baseline_bytes", "bytes", "used at the last step boundary (after the optimizer step): the footprint that persists between steps.", DEVICE, "trend", "memexporter.memory.baseline"),
+    _g("leak_rate_bytes_per_second", "bytes_per_second", "Robust (Theil-Sen) slope of the baseline against wall time over the leak window; 0 until enough steps or when within noise.", DEVICE, "trend", "memexporter.leak.rate"),
+    _g("leak_bytes_per_step", "bytes_per_step", "Robust (Theil-Sen) slope of the baseline against step count over the leak window; 0 until enough steps or when within noise.", DEVICE, "trend", "memexporter.leak.per_step"),
+    _g("oom_eta_seconds", "seconds", "Seconds until the step peak reaches memory_limit_bytes at the current leak rate; +Inf when not growing.", DEVICE, "trend", "memexporter.oom.eta"),
+    _c("steps", "Training steps seen (optimizer steps, or memexporter.step() calls).", RANK, "trend", "memexporter.steps"),
+    # --- CUDA caching allocator (collectors/allocator.py), read at scrape time.
+    _g("allocator_allocated_bytes", "bytes", f"Bytes held by live tensors: {_MS}['allocated_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.allocated", True),
+    _g("allocator_reserved_bytes", "bytes", f"Bytes reserved from the driver by the caching allocator: {_MS}['reserved_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.reserved", True),
+    _g("allocator_active_bytes", "bytes", f"Bytes in active blocks: {_MS}['active_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.active", True),
+    _g("allocator_inactive_split_bytes", "bytes", f"Bytes in inactive, non-releasable split blocks (fragmentation): {_MS}['inactive_split_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.inactive_split", True),
+    _g("allocator_requested_bytes", "bytes", f"Bytes requested by callers before rounding: {_MS}['requested_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.requested", True),
+    _g("allocator_peak_allocated_bytes", "bytes", f"Lifetime peak of allocated bytes as torch reports it: {_MS}['allocated_bytes.all.peak'].", DEVICE, "allocator", "memexporter.allocator.peak_allocated", True),
+    _g("allocator_peak_reserved_bytes", "bytes", f"Lifetime peak of reserved bytes as torch reports it: {_MS}['reserved_bytes.all.peak'].", DEVICE, "allocator", "memexporter.allocator.peak_reserved", True),
+    _c("allocator_alloc_retries", f"cudaMalloc calls retried after flushing the cache: {_MS}['num_alloc_retries'].", DEVICE, "allocator", "memexporter.allocator.alloc_retries", True),
+    _c("allocator_ooms", f"Out-of-memory errors raised by the allocator: {_MS}['num_ooms'].", DEVICE, "allocator", "memexporter.allocator.ooms", True),
+    _c("allocator_device_allocations", f"cudaMalloc calls: {_MS}['num_device_alloc'].", DEVICE, "allocator", "memexporter.allocator.device_allocations", True),
+    _c("allocator_device_frees", f"cudaFree calls: {_MS}['num_device_free'].", DEVICE, "allocator", "memexporter.allocator.device_frees", True),
+    _g("allocator_fragmentation_ratio", "ratio", "inactive_split_bytes / reserved_bytes from memory_stats(); 0 when nothing is reserved.", DEVICE, "allocator", "memexporter.allocator.fragmentation", True),
+    # --- Device, from NVML (collectors/device.py).
+    _g("device_total_bytes", "bytes", "Total device memory: NVML nvmlDeviceGetMemoryInfo().total.", DEVICE, "device", "hw.gpu.memory.limit", True),
+    _g("device_used_bytes", "bytes", "Device memory used by all processes: NVML nvmlDeviceGetMemoryInfo().used.", DEVICE, "device", "hw.gpu.memory.usage", True),
+    _g("device_free_bytes", "bytes", "Free device memory: NVML nvmlDeviceGetMemoryInfo().free.", DEVICE, "device", "memexporter.device.free", True),
+    _g("device_info", "", "Device identity (value 1): NVML UUID and name, matched to the CUDA ordinal by UUID.", ("rank", "device", "uuid", "name"), "device", "memexporter.device.info", True),
+    # --- Host, from psutil and cgroup files (collectors/host.py).
+    _g("host_rss_bytes", "bytes", "Resident set size of this process: psutil memory_info().rss.", RANK, "host", "process.memory.usage"),
+    _g("host_children_rss_bytes", "bytes", "Summed RSS of child processes (DataLoader workers): psutil children(recursive=True).", RANK, "host", "memexporter.host.children_rss"),
+    _g("host_available_bytes", "bytes", "Memory available to this process: min(psutil virtual_memory().available, cgroup limit - cgroup usage).", RANK, "host", "memexporter.host.available"),
+    _g("host_limit_bytes", "bytes", "Memory limit for this process: min(physical RAM, cgroup memory.max / memory.limit_in_bytes).", RANK, "host", "memexporter.host.limit"),
+    # --- Per-module breakdown (collectors/modules.py), from snapshots published by the training thread.
+    _g("module_parameter_bytes", "bytes", "Bytes of parameters owned by the module (shared storage counted once).", MODULE, "modules", "memexporter.module.parameter"),
+    _g("module_gradient_bytes", "bytes", "Bytes of .grad tensors of the module's parameters, measured at the last optimizer step.", MODULE, "modules", "memexporter.module.gradient"),
+    _g("module_optimizer_state_bytes", "bytes", "Bytes of optimizer state (e.g. AdamW exp_avg, exp_avg_sq) mapped to the module's parameters.", MODULE, "modules", "memexporter.module.optimizer_state"),
+    _g("module_activation_bytes", "bytes", "Bytes saved for backward during the last forward (saved_tensors_hooks), attributed to the innermost running module; each storage once.", MODULE, "modules", "memexporter.module.activation"),
+    # --- The exporter itself (collectors/exporter.py and the guard in registry.py).
+    _g("build_info", "", "Build information (value 1): memexporter, torch and CUDA versions.", ("rank", "version", "torch_version", "cuda_version"), "exporter", "memexporter.build.info"),
+    _g("process_info", "", "Process identity (value 1): local rank, world size and hostname.", ("rank", "local_rank", "world_size", "hostname"), "exporter", "memexporter.process.info"),
+    _c("hook_errors", "Errors caught in memexporter's training-thread hooks (never raised into training).", RANK, "exporter", "memexporter.hook.errors"),
+    _g("collector_success", "", "1 if the collector's last run succeeded, 0 if it raised.", ("rank", "collector"), "guard", "memexporter.collector.success"),
+    _g("collector_duration_seconds", "seconds", "Time the collector's last run took.", ("rank", "collector"), "guard", "memexporter.collector.duration"),
+)
+
+BY_NAME: Mapping[str, MetricSpec] = {s.name: s for s in SPECS}
+
+
+def spec(name: str) -> MetricSpec:
+    """Look up a spec by its full exposition name; KeyError names the missing metric."""
+    return BY_NAME[name]
+
+
+def specs_for(collector: str) -> tuple[MetricSpec, ...]:
+    """The specs one collector emits, in table order."""
+    return tuple(s for s in SPECS if s.collector == collector)
+
+
+def families(rows: Mapping[str, Iterable[tuple[tuple[str, ...], float]]]) -> list[Metric]:
+    """Build families from ``{metric name: [(label values, value), ...]}``.
+
+    Families without rows are still emitted only if they have rows: a collector with no data
+    (say, no CUDA device) yields nothing rather than empty families.
+    """
+    out: list[Metric] = []
+    for name, samples in rows.items():
+        fam = spec(name).family()
+        for labels, value in samples:
+            fam.add_metric(list(labels), value)
+        if fam.samples:
+            out.append(fam)
+    return out
+
+
+def reference_table() -> str:
+    """The README's metrics reference, rendered from the table (a test keeps them equal)."""
+    lines = ["| name | type | unit | labels | help |", "|---|---|---|---|---|"]
+    for s in SPECS:
+        labels = ", ".join(s.labels)
+        extra = " (CUDA only)" if s.cuda_only else ""
+        lines.append(f"| `{s.name}` | {s.type} | {s.unit or '-'} | {labels} | {s.help}{extra} |")
+    return "\n".join(lines)

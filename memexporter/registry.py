@@ -1,0 +1,102 @@
+"""The collector catalogue and the guard that runs it on every scrape.
+
+``MemexporterCollector`` is the one object registered with prometheus_client. On each scrape it
+builds a fresh ``Scrape`` (a per-scrape cache, so each backend is read once, e.g. one
+``memory_stats()`` call per device), runs every enabled collector inside a guard that times it,
+and exports ``memexporter_collector_success`` and ``memexporter_collector_duration_seconds``.
+A collector that raises loses only its own series.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from memexporter.metrics import families
+from memexporter.scrape import Scrape, Sources
+
+log = logging.getLogger("memexporter")
+
+
+class MemCollector(Protocol):
+    """A pure collector: reads the scrape context, yields families, keeps no state between scrapes."""
+
+    name: str
+
+    def collect(self, scrape: Scrape) -> Iterable[Metric]: ...
+
+
+def catalogue() -> list[MemCollector]:
+    """Every collector, in exposition order. Each one is cheap when it has nothing to report
+    (no CUDA device: the allocator and device collectors yield nothing), so all are on."""
+    from memexporter.collectors.allocator import AllocatorCollector
+    from memexporter.collectors.device import DeviceCollector
+    from memexporter.collectors.exporter import ExporterCollector
+    from memexporter.collectors.host import HostCollector
+    from memexporter.collectors.memory import MemoryCollector
+    from memexporter.collectors.modules import ModulesCollector
+    from memexporter.collectors.trend import TrendCollector
+
+    return [
+        MemoryCollector(), TrendCollector(), AllocatorCollector(), DeviceCollector(),
+        HostCollector(), ModulesCollector(), ExporterCollector(),
+    ]
+
+
+class MemexporterCollector(Collector):
+    """Runs the catalogue under one guard. Registered once per exporter, on a private registry."""
+
+    def __init__(
+        self,
+        collectors: Sequence[MemCollector],
+        sources: Sources,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._collectors = tuple(collectors)
+        self._sources = sources
+        self._clock = clock
+        self._pid = os.getpid()
+        self._warned: set[str] = set()
+
+    def describe(self) -> Iterable[Metric]:
+        # Without describe(), prometheus_client would call collect() at register time and touch
+        # the GPU before the user asked for a scrape.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        if os.getpid() != self._pid:  # a forked child (DataLoader worker) serves nothing
+            return
+        scrape = Scrape(self._sources)
+        rank = self._sources.rank
+        success: list[tuple[tuple[str, ...], float]] = []
+        duration: list[tuple[tuple[str, ...], float]] = []
+        for collector in self._collectors:
+            start = self._clock()
+            try:
+                # Materialise first: a collector that fails half-way must not leave half its series.
+                out = list(collector.collect(scrape))
+                ok = 1.0
+            except Exception:
+                out, ok = [], 0.0
+                self._log_failure(collector.name)
+            duration.append(((rank, collector.name), self._clock() - start))
+            success.append(((rank, collector.name), ok))
+            yield from out
+        yield from families(
+            {"memexporter_collector_success": success, "memexporter_collector_duration_seconds": duration}
+        )
+
+    def _log_failure(self, name: str) -> None:
+        # Log the traceback once per collector: a broken collector would otherwise flood the
+        # training job's log on every scrape. The success gauge keeps counting it.
+        if name not in self._warned:
+            self._warned.add(name)
+            log.exception("memexporter: collector %r failed; its series are dropped from this scrape", name)
+        else:
+            log.debug("memexporter: collector %r failed again", name)

@@ -1,0 +1,202 @@
+"""Step boundaries, per-step peak and baseline: the training-thread side of the trend.
+
+At each boundary (an optimizer step, or ``memexporter.step()``) the tracker reads ``used`` for
+``cpu`` and each CUDA device in use, works out the step's peak, and appends one point to a
+bounded ``TrendWindow`` per device. The scrape thread only copies those windows under a short lock.
+
+The per-step peak never resets the user's peak statistics. It uses the lifetime high-water mark
+(``allocated_bytes.all.peak`` on CUDA, ``ru_maxrss`` on the host): when that rose during the step,
+the step's peak *is* the new high-water mark (exact, and exactly the case that leads to an OOM).
+Otherwise the peak is the highest of the samples taken in the step (boundaries, the optimizer
+pre-step hook, the end of a tracked model's forward): a lower bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from memexporter.scrape import CudaSource, HostSource, cuda_label
+from memexporter.trend import TrendPoints, TrendWindow
+
+log = logging.getLogger("memexporter")
+
+# The device list is re-read every so many steps, so a model moved to the GPU after start() is
+# picked up without a device scan on every step.
+_DEVICE_REFRESH_STEPS = 50
+
+
+def _host_peak() -> int:
+    # ru_maxrss is KiB on Linux and bytes on macOS. A syscall, no file parsing: cheap per step.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+@dataclass(frozen=True)
+class StepSnapshot:
+    """An immutable copy for the scrape thread: step count and each device's trend points."""
+
+    steps: int
+    devices: dict[str, TrendPoints]
+
+
+@dataclass
+class _Device:
+    window: TrendWindow
+    high_water: int  # lifetime high-water mark at the last boundary
+    last_used: int  # used at the last boundary
+    step_max: int  # highest sample since the last boundary
+
+
+class StepTracker:
+    """Bounded per-device step history. ``step()`` and ``sample()`` run on the training thread."""
+
+    def __init__(self, cuda: CudaSource, host: HostSource, window: int, warmup_steps: int,
+                 clock: Callable[[], float] = time.monotonic, host_peak: Callable[[], int] = _host_peak) -> None:
+        self._cuda, self._host, self._clock, self._host_peak = cuda, host, clock, host_peak
+        self._window, self._warmup = window, warmup_steps
+        self._lock = threading.Lock()
+        self._devices: dict[str, _Device] = {}
+        self._cuda_indices: list[int] = []
+        self.steps = 0
+        self.errors = 0
+
+    def _read(self) -> dict[str, tuple[int, int]]:
+        """``{device: (used, lifetime high-water mark)}`` for cpu and each CUDA device in use."""
+        if self.steps % _DEVICE_REFRESH_STEPS == 0:
+            self._cuda_indices = self._cuda.cuda_devices()
+        out = {"cpu": (self._host.rss(), self._host_peak())}
+        for i in self._cuda_indices:
+            out[cuda_label(i)] = self._cuda.allocated(i)
+        return out
+
+    def sample(self) -> None:
+        """Record an intra-step sample of ``used``, for the step peak."""
+        try:
+            readings = self._read()
+            with self._lock:
+                for name, (used, _) in readings.items():
+                    dev = self._devices.get(name)
+                    if dev is not None and used > dev.step_max:
+                        dev.step_max = used
+        except Exception:
+            self._failed()
+
+    def step(self) -> None:
+        """Mark a step boundary: append ``(step, t, baseline, peak)`` per device."""
+        try:
+            now = self._clock()
+            readings = self._read()
+            with self._lock:
+                self.steps += 1
+                for name, (used, high_water) in readings.items():
+                    dev = self._devices.get(name)
+                    if dev is None:
+                        # First boundary for this device: nothing to compare the high-water mark with.
+                        dev = self._devices[name] = _Device(TrendWindow(self._window, self._warmup), high_water, used, used)
+                    if high_water > dev.high_water:
+                        peak = high_water
+                    else:
+                        peak = max(dev.step_max, dev.last_used, used)
+                    dev.window.add(self.steps, now, float(used), float(peak))
+                    dev.high_water, dev.last_used, dev.step_max = high_water, used, used
+        except Exception:
+            self._failed()
+
+    def snapshot(self) -> StepSnapshot:
+        with self._lock:
+            return StepSnapshot(self.steps, {name: d.window.snapshot() for name, d in self._devices.items()})
+
+    def _failed(self) -> None:
+        # Never raise into training: count, and log the first traceback only.
+        self.errors += 1
+        if self.errors == 1:
+            log.exception("memexporter: step tracking failed; counting further failures silently")
+
+
+# --- Process-wide wiring: the global optimizer hook and memexporter.step(). -----------------------
+
+_active: StepTracker | None = None
+_owner_pid = os.getpid()
+_manual = False
+_primary: weakref.ref[Any] | None = None
+_hook_handles: list[Any] = []
+
+
+def activate(tracker: StepTracker | None, auto_step: bool) -> None:
+    """Install (or, with ``None``, remove) the process's tracker and the global optimizer hooks."""
+    global _active, _owner_pid, _primary, _manual
+    for handle in _hook_handles:
+        handle.remove()
+    _hook_handles.clear()
+    _active, _owner_pid, _primary = tracker, os.getpid(), None
+    if tracker is None:
+        _manual = False  # a stopped exporter forgets the manual mode with everything else
+    if tracker is not None and auto_step:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        _hook_handles.append(register_optimizer_step_pre_hook(_on_pre_step))
+        _hook_handles.append(register_optimizer_step_post_hook(_on_post_step))
+
+
+def _tracker() -> StepTracker | None:
+    # In a forked child (a DataLoader worker) the parent's tracker must do nothing.
+    return _active if os.getpid() == _owner_pid else None
+
+
+def _is_primary(optimizer: object) -> bool:
+    # With several optimizers (a GAN, a teacher and a student) one iteration calls several
+    # step()s. The first optimizer seen stepping defines the boundary; others only sample.
+    global _primary
+    current = _primary() if _primary is not None else None
+    if current is None:
+        try:
+            _primary = weakref.ref(optimizer)
+        except TypeError:
+            return True
+        return True
+    return current is optimizer
+
+
+def _on_pre_step(optimizer: object, args: object, kwargs: object) -> None:
+    tracker = _tracker()
+    if tracker is not None and not _manual:
+        tracker.sample()  # gradients are alive here: often close to the step's peak
+
+
+def _on_post_step(optimizer: object, args: object, kwargs: object) -> None:
+    tracker = _tracker()
+    if tracker is None or _manual:
+        return
+    try:
+        primary = _is_primary(optimizer)
+    except Exception:
+        primary = True
+    if primary:
+        tracker.step()
+    else:
+        tracker.sample()
+
+
+def step() -> None:
+    """Mark a step boundary by hand. From the first call on, optimizer steps no longer count."""
+    global _manual
+    _manual = True
+    tracker = _tracker()
+    if tracker is not None:
+        tracker.step()
+
+
+def sample() -> None:
+    """Record an intra-step sample (called at the end of a tracked model's forward). Never raises."""
+    tracker = _tracker()
+    if tracker is not None:
+        tracker.sample()
