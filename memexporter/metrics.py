@@ -43,7 +43,8 @@ class MetricSpec:
         if self.type == "counter":
             # CounterMetricFamily appends `_total` itself; strip it so the name round-trips.
             return CounterMetricFamily(self.name.removesuffix("_total"), self.help, labels=self.labels)
-        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+        # unit= adds the OpenMetrics `# UNIT` line; our names already end with their unit.
+        return GaugeMetricFamily(self.name, self.help, labels=self.labels, unit=self.unit)
 
 
 def _g(name: str, unit: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False) -> MetricSpec:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app, start_wsgi_server
 
@@ -57,6 +57,25 @@ def router(metrics_app: WSGIApp, title: str) -> WSGIApp:
     return app
 
 
+def _strict_handler(base: type[WSGIRequestHandler]) -> type[WSGIRequestHandler]:
+    """A request handler that answers every unparseable request with a real ``400``.
+
+    The stdlib treats a two-word request line as HTTP/0.9 and replies with a bare HTML body (no
+    status line), and an unknown HTTP version with ``505``. A scraper or a port scanner should
+    see a 4xx on the wire, and the server must keep serving either way.
+    """
+
+    class StrictHandler(base):  # type: ignore[valid-type,misc]
+        default_request_version = "HTTP/1.0"
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            if self.command is None:  # still parsing the request line: the client's fault
+                code = 400
+            super().send_error(code, message, explain)
+
+    return StrictHandler
+
+
 @dataclass
 class Server:
     """A running HTTP server. ``port`` is the bound port (useful with port 0)."""
@@ -77,5 +96,6 @@ def serve(registry: CollectorRegistry, port: int, addr: str, certfile: str | Non
           keyfile: str | None = None, title: str = "memexporter") -> Server:
     """Bind and serve in a daemon thread. Raises ``OSError`` when the port is taken."""
     httpd, thread = start_wsgi_server(port, addr=addr, registry=registry, certfile=certfile, keyfile=keyfile)
+    httpd.RequestHandlerClass = _strict_handler(httpd.RequestHandlerClass)
     httpd.set_app(router(make_wsgi_app(registry), title))
     return Server(httpd=httpd, thread=thread, addr=addr, port=int(httpd.server_port))

@@ -1,0 +1,15 @@
+# Shortcuts; the scripts are the source of truth (a fresh machine may not have make).
+.PHONY: demo test lint bench rules dashboards
+demo:
+	scripts/demo.sh
+test:
+	scripts/test.sh
+lint:
+	.venv/bin/python -m ruff check memexporter tests benchmarks && .venv/bin/python -m mypy
+bench:
+	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py
+rules:
+	.venv/bin/python -m memexporter rules > alerts/memexporter.rules.yml
+	.venv/bin/python -m memexporter rules --preset demo > alerts/memexporter.demo.rules.yml
+dashboards:
+	.venv/bin/python -m memexporter.dashboards

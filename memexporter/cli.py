@@ -1,0 +1,94 @@
+"""The ``memexporter`` command: ``demo``, ``run`` and ``rules``.
+
+``memexporter run [options] script.py [args...]`` (or ``-m module``) runs a training script with
+the exporter started, like ``python -m cProfile``: no code change. Its options are generated
+from the config knobs, so they are always the keywords of ``start()``. It works under
+``torchrun --no-python memexporter run train.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+
+from memexporter import __version__
+from memexporter.config import KNOBS
+
+
+def _add_knob_options(p: argparse.ArgumentParser) -> None:
+    for knob in KNOBS:
+        flag = "--" + knob.name.replace("_", "-")
+        p.add_argument(flag, dest=knob.name, default=None, metavar=knob.name.upper(),
+                       help=f"{knob.doc} (env {knob.env}; default {knob.default!r})")
+
+
+def _run(args: argparse.Namespace) -> int:
+    import memexporter
+
+    settings = {k.name: getattr(args, k.name) for k in KNOBS}
+    target = args.target
+    if not target:
+        print("memexporter run: name a script (memexporter run train.py) or a module (-m pkg.train)", file=sys.stderr)
+        return 2
+    memexporter.start(**settings)
+    # The script sees itself as __main__ with its own argv, as under `python script.py`.
+    sys.argv = [target, *args.args]
+    try:
+        if args.module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        memexporter.stop()
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memexporter", description="PyTorch training memory on a Prometheus /metrics endpoint.")
+    parser.add_argument("--version", action="version", version=f"memexporter {__version__}")
+    parser.add_argument("--log-level", default="INFO", help="logging level for memexporter's own messages")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from memexporter.demo import add_arguments
+
+    demo = sub.add_parser("demo", help="train a small GPT with the exporter on (the embedded default job)")
+    add_arguments(demo)
+
+    run = sub.add_parser("run", help="run a script or module with the exporter started (no code change)")
+    run.add_argument("-m", dest="module", action="store_true", help="run TARGET as a module, like python -m")
+    _add_knob_options(run)
+    run.add_argument("target", nargs="?", help="script path, or module name with -m")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+
+    rules = sub.add_parser("rules", help="print the Prometheus recording and alerting rules", add_help=False)
+    rules.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `rules` owns its own parser (memexporter.rules.main), so hand it the raw arguments.
+    if argv[:1] == ["rules"]:
+        from memexporter import rules
+
+        return rules.main(argv[1:])
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        if args.command == "demo":
+            from memexporter.demo import run as run_demo
+
+            return run_demo(args)
+        return _run(args)
+    except (TypeError, ValueError) as exc:
+        if str(exc).startswith("memexporter"):
+            print(exc, file=sys.stderr)
+            return 2
+        raise

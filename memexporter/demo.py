@@ -1,0 +1,170 @@
+"""``memexporter demo``: a small GPT-style training loop with the exporter on.
+
+It trains on random tokens (nothing to download), on CPU or GPU, and can leak on request
+(``--leak-mib-per-step``), stop with a simulated OOM at a budget (``--memory-limit-mib``), hold
+extra memory on one rank (``--rank-extra-mib``) and run evaluation forwards (``--eval-every``),
+so every metric, alert and dashboard has something real to show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+
+import memexporter
+from memexporter.exporter import Exporter
+from memexporter.scrape import Scrape
+from memexporter.trend import estimate
+
+MiB = 1 << 20
+SIMULATED_OOM_EXIT = 3
+
+
+class TinyGPT(nn.Module):
+    """Embedding, a few pre-norm transformer blocks and a head tied to the embedding."""
+
+    def __init__(self, vocab: int = 512, d_model: int = 128, layers: int = 4, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True)
+            for _ in range(layers)
+        )
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied, as in GPT-2: counted once
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], device=tokens.device)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, src_mask=mask, is_causal=True)
+        logits: torch.Tensor = self.head(self.norm(x))
+        return logits
+
+
+def _fmt_bytes(n: float) -> str:
+    if not math.isfinite(n):
+        return "inf"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _fmt_eta(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "none"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _status(exp: Exporter, device: str) -> tuple[float, float, str]:
+    """``(used, limit, progress text)`` for the training device, read from the exporter's own state."""
+    view = Scrape(exp.sources).views[device]
+    snap = exp.sources.steps.snapshot() if exp.sources.steps is not None else None
+    points = snap.devices.get(device) if snap is not None else None
+    est = estimate(points, view.limit) if points is not None else None
+    leak = f"{_fmt_bytes(est.leak_bytes_per_step)}/step" if est is not None else "-"
+    eta = _fmt_eta(est.oom_eta_seconds) if est is not None else "none"
+    text = f"{device} used {_fmt_bytes(view.used)} / limit {_fmt_bytes(view.limit)} | leak {leak} | OOM ETA {eta}"
+    return view.used, view.limit, text
+
+
+def _parse_extra(spec: str | None, rank: int) -> int:
+    # "R:N" makes rank R hold N extra MiB, for the rank-imbalance alert.
+    if not spec:
+        return 0
+    try:
+        r, n = spec.split(":")
+        return int(n) * MiB if int(r) == rank else 0
+    except ValueError:
+        raise SystemExit(f"memexporter demo: --rank-extra-mib must look like RANK:MIB, got {spec!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train until ``--steps`` (0: until interrupted), printing a progress line every second."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("memexporter demo: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    torch.manual_seed(0)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if world > 1:
+        torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
+    model: nn.Module = TinyGPT(layers=args.layers, d_model=args.d_model).to(device)
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    limit = args.memory_limit_mib * MiB if args.memory_limit_mib else None
+    exp = memexporter.start(port=args.port, memory_limit_bytes=limit, warmup_steps=args.warmup_steps)
+    if not args.no_track:
+        exp.tracked.append(memexporter.track(model, opt))
+    mem_device = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
+    print(f"memexporter demo: training a {sum(p.numel() for p in model.parameters()):,}-parameter GPT on {mem_device}; "
+          f"metrics at {exp.url or '(not serving: see the error above)'}", flush=True)
+    kept: list[torch.Tensor] = []
+    if extra := _parse_extra(args.rank_extra_mib, rank):
+        kept.append(torch.ones(extra // 4, dtype=torch.float32, device=device))
+    loss_fn = nn.CrossEntropyLoss()
+    step, last_print = 0, 0.0
+    try:
+        while args.steps == 0 or step < args.steps:
+            started = time.monotonic()
+            tokens = torch.randint(0, 512, (args.batch_size, args.seq_len + 1), device=device)
+            loss = loss_fn(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            if args.leak_mib_per_step:
+                # ones(), not empty(): on the CPU untouched pages never become resident.
+                kept.append(torch.ones(int(args.leak_mib_per_step * MiB) // 4, dtype=torch.float32, device=device))
+            if args.eval_every and step % args.eval_every == 0:
+                with torch.no_grad():
+                    model(torch.randint(0, 512, (args.batch_size * 4, args.seq_len), device=device))
+            used, lim, text = _status(exp, mem_device)
+            if limit is not None and used >= lim:
+                print(f"memexporter demo: simulated OOM at step {step}: {text}. Stopping before the machine is hurt.",
+                      file=sys.stderr, flush=True)
+                return SIMULATED_OOM_EXIT
+            if time.monotonic() - last_print >= 1.0:
+                last_print = time.monotonic()
+                print(f"step {step:6d} | loss {loss.item():.3f} | {text}", flush=True)
+            if (pause := args.step_interval - (time.monotonic() - started)) > 0:
+                time.sleep(pause)
+    except KeyboardInterrupt:
+        print("memexporter demo: interrupted", file=sys.stderr)
+    finally:
+        exp.stop()
+        if world > 1:
+            torch.distributed.destroy_process_group()
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (default: auto)")
+    p.add_argument("--port", type=int, default=None, help="base port (default: MEMEXPORTER_PORT or 9400; rank r adds LOCAL_RANK)")
+    p.add_argument("--steps", type=int, default=0, help="steps to train; 0 trains until interrupted (default)")
+    p.add_argument("--step-interval", type=float, default=0.0, metavar="S", help="minimum seconds per step")
+    p.add_argument("--leak-mib-per-step", type=float, default=0.0, metavar="N", help="keep N MiB alive per step (a leak)")
+    p.add_argument("--memory-limit-mib", type=int, default=None, metavar="M", help="exporter budget; stop with a simulated OOM when used reaches it")
+    p.add_argument("--rank-extra-mib", default=None, metavar="R:N", help="rank R holds N extra MiB (rank imbalance)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="K", help="an evaluation forward every K steps")
+    p.add_argument("--warmup-steps", type=int, default=None, help="steps the leak estimate ignores at start")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--no-track", action="store_true", help="do not track per-module memory")

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set everything up, then run every check CI runs: ruff, mypy, generated-file drift, and the
+# test suite (unit, integration against real Prometheus/promtool/Alertmanager; CUDA tests skip
+# with a reason when there is no GPU). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --test
+VPY="${MEMEXPORTER_VENV:-.venv}/bin/python"
+export MEMEXPORTER_REQUIRE_BINARIES=1   # missing binaries fail the run instead of skipping
+echo "[test] ruff"; "$VPY" -m ruff check memexporter tests benchmarks
+echo "[test] mypy"; "$VPY" -m mypy
+echo "[test] pytest"
+set +e
+"$VPY" -m pytest -q "$@"
+rc=$?
+set -e
+# pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
+[[ $rc -eq 5 ]] && { echo "[test] pytest collected no tests" >&2; exit 1; }
+exit $rc

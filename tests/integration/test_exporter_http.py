@@ -1,0 +1,211 @@
+"""The started exporter over real HTTP on loopback: endpoints, negotiation, bad input, port
+conflicts, stop/start, torchrun ranks, fork and TLS. Real torch on CPU, no fakes."""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import memexporter
+from tests.support.ports import free_port
+
+
+@pytest.fixture(autouse=True)
+def _stopped() -> Iterator[None]:
+    memexporter.stop()
+    yield
+    memexporter.stop()
+
+
+def get(url: str, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None) -> tuple[int, str, str]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=context) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+
+
+def base(exp: memexporter.Exporter) -> str:
+    return f"http://127.0.0.1:{exp.port}"
+
+
+def test_endpoints() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    status, ctype, body = get(base(exp) + "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    assert 'memexporter_memory_used_bytes{device="cpu",rank="0"}' in body
+    assert get(base(exp) + "/healthz")[:1] == (200,)
+    status, ctype, body = get(base(exp) + "/")
+    assert status == 200 and "text/html" in ctype and 'href="metrics"' in body
+    assert get(base(exp) + "/nope")[0] == 404
+
+
+def test_openmetrics_when_asked() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    status, ctype, body = get(base(exp) + "/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert status == 200 and ctype.startswith("application/openmetrics-text")
+    assert body.rstrip().endswith("# EOF")
+    assert "# UNIT memexporter_memory_used_bytes bytes" in body
+
+
+def test_post_is_rejected_and_serving_continues() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    req = urllib.request.Request(base(exp) + "/metrics", data=b"x", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=5)
+    assert info.value.code == 405
+    assert get(base(exp) + "/metrics")[0] == 200
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\xff\xfe garbage\r\n\r\n", b"GET /metrics HTTP/9.9\r\n\r\n",
+                                     b"GET /metrics HTTP/x.y\r\n\r\n", b"a b c d e\r\n\r\n"])
+def test_garbage_on_the_socket_gets_4xx_and_serving_continues(garbage: bytes) -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as s:
+        s.sendall(garbage)
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.") and reply.split()[1].startswith(b"4"), reply[:80]
+    assert get(base(exp) + "/metrics")[0] == 200
+
+
+def test_oversized_request_line_does_not_stop_serving() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as s:
+        try:
+            s.sendall(b"GET /" + b"A" * 70000 + b" HTTP/1.1\r\n\r\n")
+            reply = s.recv(4096)
+        except ConnectionResetError:  # the server answered 414 and closed before reading it all
+            reply = b"HTTP/1.0 414"
+    assert reply.split()[1].startswith(b"4")
+    assert get(base(exp) + "/metrics")[0] == 200
+
+
+def test_taken_port_logs_loudly_and_training_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with caplog.at_level(logging.ERROR, logger="memexporter"):
+            exp = memexporter.start(port=port, addr="127.0.0.1")
+        assert exp.port is None
+        msg = " ".join(r.getMessage() for r in caplog.records)
+        assert str(port) in msg and "MEMEXPORTER_PORT" in msg and "dcgm-exporter" in msg
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()  # the hooks still run
+        assert exp.sources.steps is not None and exp.sources.steps.steps == 1
+        exp.stop()
+        with pytest.raises(OSError):
+            memexporter.start(port=port, addr="127.0.0.1", strict=True)
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [({"port": "abc"}, ValueError), ({"port": -1}, ValueError),
+                                               ({"port": 70000}, ValueError), ({"port": [1]}, TypeError)])
+def test_bad_arguments_raise_before_anything_starts(kwargs: dict[str, object], error: type) -> None:
+    with pytest.raises(error, match="port"):
+        memexporter.start(**kwargs)  # type: ignore[arg-type]
+    assert memexporter.exporter.running() is None
+
+
+def test_bad_environment_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMEXPORTER_PORT", "xyz")
+    with pytest.raises(ValueError, match="MEMEXPORTER_PORT"):
+        memexporter.start()
+
+
+def test_idempotent_start_warns_and_returns_running(caplog: pytest.LogCaptureFixture) -> None:
+    first = memexporter.start(port=0, addr="127.0.0.1")
+    with caplog.at_level(logging.WARNING, logger="memexporter"):
+        second = memexporter.start(port=0, addr="127.0.0.1")
+    assert second is first
+    assert "already running" in caplog.text
+
+
+def test_stop_frees_the_port_and_start_works_again() -> None:
+    port = free_port()
+    exp = memexporter.start(port=port, addr="127.0.0.1")
+    assert exp.port == port
+    exp.stop()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    again = memexporter.start(port=port, addr="127.0.0.1")
+    assert again is not exp and again.port == port
+    assert get(base(again) + "/metrics")[0] == 200
+
+
+def test_torchrun_rank_binds_port_plus_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    while True:  # need port+1 free too
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+                break
+            except OSError:
+                port = free_port()
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    exp = memexporter.start(port=port, addr="127.0.0.1")
+    assert exp.port == port + 1
+    body = get(base(exp) + "/metrics")[2]
+    assert 'memexporter_process_info{hostname="' in body and 'local_rank="1",rank="5",world_size="8"' in body
+    series = [line for line in body.splitlines() if line and not line.startswith("#")]
+    assert all('rank="5"' in line for line in series), "every series carries rank"
+
+
+def test_forked_child_serves_and_hooks_nothing() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: a DataLoader worker would be here
+        try:
+            child = memexporter.start(port=0, addr="127.0.0.1")
+            families = list(exp.registry.collect())
+            model = torch.nn.Linear(2, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            model(torch.randn(1, 2)).sum().backward()
+            opt.step()
+            ok = child.port is None and families == [] and memexporter.exporter.running() is None
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    assert exp.sources.steps is not None and exp.sources.steps.steps == 0  # the child's step did not count here
+    assert get(base(exp) + "/metrics")[0] == 200  # the parent still serves
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+def test_tls_cert_and_key_are_passed_through(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    exp = memexporter.start(port=0, addr="127.0.0.1", certfile=str(cert), keyfile=str(key))
+    ctx = ssl.create_default_context(cafile=str(cert))
+    ctx.check_hostname = False
+    status, _, body = get(f"https://127.0.0.1:{exp.port}/metrics", context=ctx)
+    assert status == 200 and "memexporter_memory_used_bytes" in body
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):  # no plain HTTP
+        urllib.request.urlopen(f"http://127.0.0.1:{exp.port}/metrics", timeout=3).read()
+
+
+def test_import_and_start_create_no_cuda_context() -> None:
+    code = ("import memexporter, torch; e = memexporter.start(port=0, addr='127.0.0.1'); "
+            "list(e.registry.collect()); print(torch.cuda.is_initialized()); e.stop()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"

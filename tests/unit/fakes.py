@@ -1,0 +1,120 @@
+"""Fake backends for unit tests of the mapping code. Every number here is SYNTHETIC: made up to
+exercise the mapping, never measured on a GPU. Recorded GPU fixtures live in tests/fixtures/ and
+carry their device name and torch version."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from prometheus_client import CollectorRegistry
+
+from memexporter.backends.host import HostSample
+from memexporter.backends.nvml import NvmlMemory
+from memexporter.config import Config
+from memexporter.registry import MemexporterCollector, catalogue
+from memexporter.scrape import Identity, Sources
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# SYNTHETIC memory_stats() subset, shaped like torch 2.x's keys.
+SYNTHETIC_STATS: dict[str, int] = {
+    "allocated_bytes.all.current": 3 * GiB,
+    "allocated_bytes.all.peak": 5 * GiB,
+    "reserved_bytes.all.current": 4 * GiB,
+    "reserved_bytes.all.peak": 6 * GiB,
+    "active_bytes.all.current": 3 * GiB + 64 * MiB,
+    "inactive_split_bytes.all.current": 512 * MiB,
+    "requested_bytes.all.current": 3 * GiB - 8 * MiB,
+    "num_alloc_retries": 2,
+    "num_ooms": 1,
+    "num_device_alloc": 40,
+    "num_device_free": 10,
+}
+
+
+@dataclass
+class FakeCuda:
+    stats: dict[int, dict[str, int]] = field(default_factory=dict)
+    uuids: dict[int, str] = field(default_factory=dict)
+    fraction: float = 1.0
+    total: int = 80 * GiB
+    free: int = 70 * GiB
+    calls: int = 0
+
+    def cuda_devices(self) -> list[int]:
+        return sorted(self.stats)
+
+    def memory_stats(self, index: int) -> Mapping[str, int]:
+        self.calls += 1
+        return self.stats[index]
+
+    def allocated(self, index: int) -> tuple[int, int]:
+        s = self.stats[index]
+        return s["allocated_bytes.all.current"], s["allocated_bytes.all.peak"]
+
+    def uuid(self, index: int) -> str | None:
+        return self.uuids.get(index)
+
+    def total_memory(self, index: int) -> int:
+        return self.total
+
+    def memory_fraction(self, index: int) -> float:
+        return self.fraction
+
+    def mem_get_info(self, index: int) -> tuple[int, int] | None:
+        return self.free, self.total
+
+    def versions(self) -> tuple[str, str]:
+        return "2.13.0+synthetic", "13.0"
+
+
+@dataclass
+class FakeNvml:
+    devices: dict[str, NvmlMemory] = field(default_factory=dict)
+
+    def memory(self, uuid: str) -> NvmlMemory | None:
+        return self.devices.get(uuid)
+
+
+@dataclass
+class FakeHost:
+    value: HostSample = HostSample(rss=2 * GiB, children_rss=512 * MiB, available=10 * GiB, limit=16 * GiB)
+    peak: int = 2 * GiB
+
+    def rss(self) -> int:
+        return self.value.rss
+
+    def peak_rss(self) -> int:
+        return self.peak
+
+    def sample(self) -> HostSample:
+        return self.value
+
+
+IDENTITY = Identity(rank="3", local_rank="1", world_size="8", hostname="node17")
+
+
+def sources(cuda: FakeCuda | None = None, nvml: FakeNvml | None = None, host: FakeHost | None = None,
+            steps: object = None, **config: object) -> Sources:
+    cfg = Config.resolve(config, environ={})
+    return Sources(IDENTITY, cfg, cuda or FakeCuda(), nvml or FakeNvml(), host or FakeHost(), steps, "0.0.test")  # type: ignore[arg-type]
+
+
+def one_gpu(**stats_overrides: int) -> tuple[FakeCuda, FakeNvml]:
+    """One synthetic GPU at cuda:0 whose NVML twin has the matching UUID."""
+    cuda = FakeCuda(stats={0: {**SYNTHETIC_STATS, **stats_overrides}}, uuids={0: "GPU-synthetic-0"})
+    nvml = FakeNvml({"GPU-synthetic-0": NvmlMemory("GPU-synthetic-0", "Synthetic GPU", 80 * GiB, 10 * GiB, 70 * GiB)})
+    return cuda, nvml
+
+
+def with_host(**kw: int) -> FakeHost:
+    return FakeHost(replace(FakeHost().value, **kw))
+
+
+def registry_for(src: Sources) -> CollectorRegistry:
+    """A fresh registry with the full catalogue over the given (fake) sources."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(MemexporterCollector(catalogue(), src))
+    return reg

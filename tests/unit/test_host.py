@@ -1,0 +1,90 @@
+"""cgroup v1/v2 limit discovery over a fake /sys/fs/cgroup tree (files written by the test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memexporter.backends.host import HostBackend, read_cgroup
+
+MiB = 1 << 20
+
+
+def _write(root: Path, rel: str, files: dict[str, str]) -> None:
+    d = root / rel
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (d / name).write_text(text)
+
+
+def test_v2_limit_and_working_set(tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/kubepods/pod1/ctr\n")
+    _write(tmp_path / "fs", "kubepods/pod1/ctr", {
+        "memory.max": f"{512 * MiB}\n", "memory.current": f"{300 * MiB}\n",
+        "memory.stat": f"anon 1\ninactive_file {100 * MiB}\n",
+    })
+    cg = read_cgroup(tmp_path / "fs", proc)
+    assert cg is not None
+    assert cg.limit == 512 * MiB
+    assert cg.usage == 200 * MiB  # inactive page cache is reclaimable
+
+
+def test_v2_tightest_ancestor_wins(tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/a/b\n")
+    _write(tmp_path / "fs", "a", {"memory.max": f"{256 * MiB}", "memory.current": f"{10 * MiB}"})
+    _write(tmp_path / "fs", "a/b", {"memory.max": "max", "memory.current": f"{5 * MiB}"})
+    cg = read_cgroup(tmp_path / "fs", proc)
+    assert cg is not None and cg.limit == 256 * MiB
+
+
+def test_v2_unlimited_is_none(tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/\n")
+    _write(tmp_path / "fs", "", {"memory.max": "max", "memory.current": "1000"})
+    assert read_cgroup(tmp_path / "fs", proc) is None
+
+
+def test_v1_limit(tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text("12:cpu,cpuacct:/x\n9:memory:/docker/abc\n")
+    _write(tmp_path / "fs", "memory/docker/abc", {
+        "memory.limit_in_bytes": f"{1024 * MiB}", "memory.usage_in_bytes": f"{600 * MiB}",
+        "memory.stat": f"total_inactive_file {50 * MiB}\n",
+    })
+    cg = read_cgroup(tmp_path / "fs", proc)
+    assert cg is not None
+    assert (cg.limit, cg.usage) == (1024 * MiB, 550 * MiB)
+
+
+def test_v1_unlimited_sentinel_is_none(tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text("9:memory:/\n")
+    _write(tmp_path / "fs", "memory", {"memory.limit_in_bytes": "9223372036854771712", "memory.usage_in_bytes": "1"})
+    assert read_cgroup(tmp_path / "fs", proc) is None
+
+
+def test_container_path_missing_falls_back_to_mount_root(tmp_path: Path) -> None:
+    # Inside a container /proc/self/cgroup names the host path, but the namespace root is mounted.
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/system.slice/docker-abc.scope\n")
+    _write(tmp_path / "fs", "", {"memory.max": f"{128 * MiB}", "memory.current": f"{64 * MiB}"})
+    cg = read_cgroup(tmp_path / "fs", proc)
+    assert cg is not None and cg.limit == 128 * MiB
+
+
+def test_backend_applies_cgroup_limit(tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/\n")
+    _write(tmp_path / "fs", "", {"memory.max": f"{64 * MiB}", "memory.current": f"{60 * MiB}"})
+    sample = HostBackend(tmp_path / "fs", proc).sample()
+    assert sample.limit == 64 * MiB
+    assert sample.available <= 4 * MiB
+    assert sample.rss > 0
+
+
+def test_real_host_reading_is_sane() -> None:
+    s = HostBackend().sample()
+    assert 0 < s.rss < s.limit
+    assert 0 <= s.available <= s.limit
+    assert HostBackend().peak_rss() >= s.rss // 2
