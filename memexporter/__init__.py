@@ -10,6 +10,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from memexporter.api import Exporter, start, step, stop, track  # noqa: E402
+from memexporter.api import Exporter, start, step, stop, track
 
 __all__ = ["Exporter", "__version__", "start", "step", "stop", "track"]

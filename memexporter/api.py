@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from memexporter import exporter as _exporter
 from memexporter.exporter import Exporter
+
+__all__ = ["Exporter", "start", "step", "stop", "track"]
 from memexporter.tracking import steps as _steps
 
 if TYPE_CHECKING:

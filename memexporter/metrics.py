@@ -38,7 +38,7 @@ class MetricSpec:
     otel_name: str
     cuda_only: bool = False
 
-    def family(self) -> Metric:
+    def family(self) -> GaugeMetricFamily | CounterMetricFamily:
         """A fresh, empty Prometheus family for this spec (built anew on every scrape)."""
         if self.type == "counter":
             # CounterMetricFamily appends `_total` itself; strip it so the name round-trips.

@@ -96,6 +96,6 @@ def serve(registry: CollectorRegistry, port: int, addr: str, certfile: str | Non
           keyfile: str | None = None, title: str = "memexporter") -> Server:
     """Bind and serve in a daemon thread. Raises ``OSError`` when the port is taken."""
     httpd, thread = start_wsgi_server(port, addr=addr, registry=registry, certfile=certfile, keyfile=keyfile)
-    httpd.RequestHandlerClass = _strict_handler(httpd.RequestHandlerClass)
+    httpd.RequestHandlerClass = _strict_handler(httpd.RequestHandlerClass)  # type: ignore[arg-type]
     httpd.set_app(router(make_wsgi_app(registry), title))
     return Server(httpd=httpd, thread=thread, addr=addr, port=int(httpd.server_port))

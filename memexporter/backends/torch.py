@@ -14,6 +14,11 @@ import torch
 import torch.cuda
 
 
+def _initialized() -> bool:
+    # Untyped in torch's stubs. True once the process itself has initialised CUDA.
+    return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
 class TorchBackend:
     """Reads ``torch.cuda`` for initialised devices. All sizes are bytes."""
 
@@ -23,7 +28,7 @@ class TorchBackend:
         Devices the process never touched are left out, so a rank that trains on ``cuda:3`` reports
         one device, not eight.
         """
-        if not torch.cuda.is_initialized():
+        if not _initialized():
             return []
         out = []
         for index in range(torch.cuda.device_count()):
@@ -34,7 +39,7 @@ class TorchBackend:
 
     def memory_stats(self, index: int) -> Mapping[str, int]:
         """``torch.cuda.memory_stats(index)``: a copy of the allocator's counters, no device sync."""
-        if not torch.cuda.is_initialized():
+        if not _initialized():
             return {}
         return torch.cuda.memory_stats(index)
 
@@ -45,7 +50,7 @@ class TorchBackend:
 
     def uuid(self, index: int) -> str | None:
         """The device UUID as NVML spells it (``GPU-xxxxxxxx-...``), from ``get_device_properties``."""
-        if not torch.cuda.is_initialized():
+        if not _initialized():
             return None
         raw = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
         if not raw:
@@ -55,14 +60,14 @@ class TorchBackend:
 
     def total_memory(self, index: int) -> int:
         """``get_device_properties(index).total_memory``; 0 when CUDA is not initialised."""
-        if not torch.cuda.is_initialized():
+        if not _initialized():
             return 0
         return int(torch.cuda.get_device_properties(index).total_memory)
 
     def memory_fraction(self, index: int) -> float:
         """The cap set by ``set_per_process_memory_fraction`` (1.0 when unset or unknown)."""
         getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-        if getter is None or not torch.cuda.is_initialized():
+        if getter is None or not _initialized():
             return 1.0
         return float(getter(index))
 
@@ -72,7 +77,7 @@ class TorchBackend:
         ``mem_get_info`` creates a context on a device that has none, so it is only a fallback
         for NVML and only called for devices listed by ``cuda_devices()``.
         """
-        if not torch.cuda.is_initialized():
+        if not _initialized():
             return None
         free, total = torch.cuda.mem_get_info(index)
         return int(free), int(total)

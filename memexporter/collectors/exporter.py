@@ -12,10 +12,10 @@ from memexporter.scrape import Scrape
 
 def hook_errors(scrape: Scrape) -> int:
     """Errors caught in the step hooks and the module hooks, summed."""
-    from memexporter.tracking import modules
+    from memexporter.tracking.modules import hook_errors as module_hook_errors
 
     tracker = scrape.sources.steps
-    return (tracker.errors if tracker is not None else 0) + modules.hook_errors()
+    return (tracker.errors if tracker is not None else 0) + module_hook_errors()
 
 
 class ExporterCollector:

@@ -102,10 +102,8 @@ class StepTracker:
                     if dev is None:
                         # First boundary for this device: nothing to compare the high-water mark with.
                         dev = self._devices[name] = _Device(TrendWindow(self._window, self._warmup), high_water, used, used)
-                    if high_water > dev.high_water:
-                        peak = high_water
-                    else:
-                        peak = max(dev.step_max, dev.last_used, used)
+                    # A risen high-water mark is the step's exact peak; else the best sample.
+                    peak = high_water if high_water > dev.high_water else max(dev.step_max, dev.last_used, used)
                     dev.window.add(self.steps, now, float(used), float(peak))
                     dev.high_water, dev.last_used, dev.step_max = high_water, used, used
         except Exception:

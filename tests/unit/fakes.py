@@ -80,7 +80,7 @@ class FakeNvml:
 
 @dataclass
 class FakeHost:
-    value: HostSample = HostSample(rss=2 * GiB, children_rss=512 * MiB, available=10 * GiB, limit=16 * GiB)
+    value: HostSample = field(default_factory=lambda: HostSample(2 * GiB, 512 * MiB, 10 * GiB, 16 * GiB))
     peak: int = 2 * GiB
 
     def rss(self) -> int:

@@ -11,7 +11,7 @@ from memexporter.collectors.allocator import KEYS, AllocatorCollector, fragmenta
 from memexporter.collectors.device import DeviceCollector
 from memexporter.registry import MemexporterCollector
 from memexporter.scrape import Scrape
-from tests.unit.fakes import GiB, MiB, SYNTHETIC_STATS, FakeCuda, FakeNvml, one_gpu, registry_for, sources, with_host
+from tests.unit.fakes import SYNTHETIC_STATS, FakeCuda, FakeNvml, GiB, MiB, one_gpu, registry_for, sources, with_host
 
 
 def value(reg: CollectorRegistry, metric: str, **labels: str) -> float | None:

@@ -1,0 +1,5 @@
+"""``python -m memexporter.bootstrap`` prints the directory to put on ``PYTHONPATH``."""
+
+from memexporter.bootstrap import path
+
+print(path())

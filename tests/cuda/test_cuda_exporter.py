@@ -1,0 +1,147 @@
+"""The exporter on a real GPU: allocator series, retries, NVML, no context of our own, the
+leak and peak measurements, the cost of a scrape, and a recorded memory_stats() fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import memexporter
+from memexporter.exporter import Exporter
+
+MiB = 1 << 20
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture
+def exp() -> Iterator[Exporter]:
+    memexporter.stop()
+    e = memexporter.start(port=0, addr="127.0.0.1", warmup_steps=5)
+    yield e
+    e.stop()
+
+
+def value(e: Exporter, name: str, device: str = "cuda:0") -> float | None:
+    return e.registry.get_sample_value(name, {"rank": e.sources.rank, "device": device})
+
+
+def test_start_creates_no_cuda_context() -> None:
+    code = (
+        "import memexporter, torch, pynvml, os\n"
+        "e = memexporter.start(port=0, addr='127.0.0.1'); list(e.registry.collect())\n"
+        "pynvml.nvmlInit(); pids = set()\n"
+        "for i in range(pynvml.nvmlDeviceGetCount()):\n"
+        "    h = pynvml.nvmlDeviceGetHandleByIndex(i)\n"
+        "    pids |= {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}\n"
+        "print(torch.cuda.is_initialized(), os.getpid() in pids)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+def test_real_allocations_move_allocated_and_reserved(exp: Exporter) -> None:
+    torch.cuda.init()
+    before = value(exp, "memexporter_allocator_allocated_bytes") or 0.0
+    x = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda:0")
+    allocated = value(exp, "memexporter_allocator_allocated_bytes")
+    reserved = value(exp, "memexporter_allocator_reserved_bytes")
+    assert allocated is not None and allocated - before >= 256 * MiB
+    assert reserved is not None and reserved >= allocated
+    assert value(exp, "memexporter_memory_used_bytes") == allocated
+    del x
+    after = value(exp, "memexporter_allocator_allocated_bytes")
+    assert after is not None and after <= allocated - 256 * MiB
+    assert value(exp, "memexporter_allocator_reserved_bytes") == reserved  # the cache keeps the block
+
+
+def test_alloc_retries_count_real_retries(exp: Exporter) -> None:
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((2048 * MiB) / total, 0)
+    try:
+        before = torch.cuda.memory_stats(0).get("num_alloc_retries", 0)
+        # Fill the cap with 256 MiB blocks, free them (they stay cached), then ask for one
+        # 1 GiB block: no cached block fits and the cap is reached, so the allocator frees its
+        # cache and retries.
+        blocks = [torch.empty(256 * MiB, dtype=torch.uint8, device="cuda:0") for _ in range(6)]
+        del blocks
+        big = torch.empty(1024 * MiB, dtype=torch.uint8, device="cuda:0")
+        after = torch.cuda.memory_stats(0)["num_alloc_retries"]
+        assert after > before
+        assert value(exp, "memexporter_allocator_alloc_retries_total") == after
+        limit = value(exp, "memexporter_memory_limit_bytes")
+        assert limit is not None and limit <= 2048 * MiB + 1
+        del big
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+
+
+def test_nvml_totals_match_device_properties(exp: Exporter) -> None:
+    torch.cuda.init()
+    torch.empty(1, device="cuda:0")
+    total = value(exp, "memexporter_device_total_bytes")
+    props = torch.cuda.get_device_properties(0).total_memory
+    assert total is not None and abs(total - props) / props < 0.05, (total, props)
+    uuid = str(torch.cuda.get_device_properties(0).uuid)
+    info = [s for f in exp.registry.collect() for s in f.samples if s.name == "memexporter_device_info"]
+    assert info and uuid in info[0].labels["uuid"]
+
+
+def test_leak_on_gpu_measured_within_10_percent_and_peak_gap(exp: Exporter) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    kept = []
+    gaps = []
+    for _ in range(150):
+        before_peak = torch.cuda.max_memory_allocated(0)
+        model(torch.randn(256, 1024, device="cuda")).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        kept.append(torch.ones(8 * MiB // 4, device="cuda"))
+        torch.cuda.synchronize()  # the test's own measurement, not the exporter's
+        peak = value(exp, "memexporter_memory_peak_bytes")
+        if peak is not None and torch.cuda.max_memory_allocated(0) > before_peak:
+            gaps.append(torch.cuda.max_memory_allocated(0) - peak)
+    leak = value(exp, "memexporter_leak_bytes_per_step")
+    print(f"GPU leak: {leak / MiB:.3f} MiB/step (true 8); step-peak gap vs max_memory_allocated on "
+          f"steps where the lifetime peak rose: max {max(gaps, default=0) / MiB:.3f} MiB over {len(gaps)} steps")
+    assert leak is not None and abs(leak - 8 * MiB) <= 0.10 * 8 * MiB
+    assert value(exp, "memexporter_oom_eta_seconds") not in (None, float("inf"))
+
+
+def test_scrape_cost_on_gpu(exp: Exporter) -> None:
+    torch.empty(64 * MiB, dtype=torch.uint8, device="cuda:0")
+    list(exp.registry.collect())
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        list(exp.registry.collect())
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    print(f"GPU scrape: p50 {times[100] * 1e6:.0f} us, p99 {times[198] * 1e6:.0f} us")
+    assert times[100] < 0.05
+
+
+def test_record_memory_stats_fixture() -> None:
+    if not os.environ.get("MEMEXPORTER_RECORD_FIXTURES"):
+        pytest.skip("set MEMEXPORTER_RECORD_FIXTURES=1 to record a memory_stats() fixture from this GPU")
+    x = torch.empty(300 * MiB, dtype=torch.uint8, device="cuda:0")
+    y = torch.empty(77 * MiB, dtype=torch.uint8, device="cuda:0")
+    del x
+    record = {
+        "device_name": torch.cuda.get_device_name(0),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "recorded_by": "tests/cuda/test_cuda_exporter.py::test_record_memory_stats_fixture",
+        "memory_stats": dict(torch.cuda.memory_stats(0)),
+    }
+    del y
+    name = torch.cuda.get_device_name(0).replace(" ", "_")
+    (FIXTURES / f"memory_stats_{name}_torch{torch.__version__.split('+')[0]}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -1,0 +1,33 @@
+"""A real Prometheus scrapes the real demo job (real torch on CPU): every contract series that
+exists on a CPU box is queryable through Prometheus' HTTP API."""
+
+from __future__ import annotations
+
+import pytest
+
+from memexporter.metrics import SPECS
+from tests.support.demo import running_demo
+from tests.support.ports import free_port
+from tests.support.prometheus import running_prometheus
+
+pytestmark = pytest.mark.integration
+
+CPU_SPECS = [s for s in SPECS if not s.cuda_only]
+
+
+def test_contract_series_are_queryable_in_prometheus() -> None:
+    port = free_port()
+    with running_demo(port, "--leak-mib-per-step", "2", "--warmup-steps", "5", "--step-interval", "0.1"), \
+            running_prometheus([f"127.0.0.1:{port}"]) as prom:
+        prom.wait_targets_up(timeout=30)
+        # enough steps for the trend window to report (warm-up 5 + the minimum points)
+        prom.wait_for('memexporter_steps_total{job="memexporter"} > 40', timeout=90)
+        missing = []
+        for spec in CPU_SPECS:
+            result = prom.query(f'{spec.name}{{job="memexporter", rank="0"}}')
+            if not result:
+                missing.append(spec.name)
+        assert not missing, f"not in Prometheus: {missing}"
+        (leak,) = prom.query('memexporter_leak_bytes_per_step{job="memexporter", device="cpu"}')
+        assert float(leak["value"][1]) > 1 << 20, "the 2 MiB/step leak shows through Prometheus"
+        assert prom.query('memexporter_collector_success{job="memexporter"} == 0') == []

@@ -1,0 +1,55 @@
+"""The whole exposition over SYNTHETIC fake backends, against a golden file, and checked by the
+real ``promtool check metrics``. Regenerate with MEMEXPORTER_UPDATE_GOLDEN=1 after a deliberate change."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from memexporter.registry import MemexporterCollector, catalogue
+from memexporter.tracking.steps import StepTracker
+from tests.support.binaries import require
+from tests.unit.fakes import MiB, one_gpu, sources, with_host
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def _registry() -> CollectorRegistry:
+    cuda, nvml = one_gpu()
+    host = with_host()
+    clock = iter(float(t) for t in range(10**6))
+    tracker = StepTracker(cuda, host, window=64, warmup_steps=0, clock=lambda: next(clock), host_peak=lambda: 0)
+    for i in range(40):  # a synthetic 1 MiB/step leak on cuda:0, flat host
+        cuda.stats[0] = {**cuda.stats[0], "allocated_bytes.all.current": 3 * 1024 * MiB + i * MiB}
+        tracker.step()
+    reg = CollectorRegistry(auto_describe=False)
+    # A frozen clock makes collector_duration_seconds 0, so the file is stable.
+    reg.register(MemexporterCollector(catalogue(), sources(cuda, nvml, host, steps=tracker), clock=lambda: 0.0))
+    return reg
+
+
+def _check(name: str, text: str) -> Path:
+    path = GOLDEN / name
+    if os.environ.get("MEMEXPORTER_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"exposition changed; if deliberate, rerun with MEMEXPORTER_UPDATE_GOLDEN=1 ({path})"
+    return path
+
+
+def test_text_exposition_matches_golden_and_promtool_accepts_it() -> None:
+    path = _check("exposition.txt", generate_latest(_registry()).decode())
+    promtool = require("promtool")
+    with path.open("rb") as f:
+        out = subprocess.run([promtool, "check", "metrics"], stdin=f, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "" and out.stderr.strip() == "", "promtool has lint findings:\n" + out.stdout + out.stderr
+
+
+def test_openmetrics_exposition_matches_golden() -> None:
+    text = generate_openmetrics(_registry()).decode()
+    _check("exposition.openmetrics.txt", text)
+    assert text.endswith("# EOF\n")
