@@ -8,6 +8,7 @@ cgroup's: cgroup v2 (``memory.max``, ``memory.current``) or v1 (``memory.limit_i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,33 @@ import psutil
 
 # cgroup v1 reports "no limit" as a huge page-aligned number rather than "max".
 _V1_UNLIMITED = 1 << 60
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PROC = Path("/proc")
+
+
+def _children_from_proc(pid: int) -> list[int] | None:
+    """Direct children of ``pid`` from ``/proc/PID/task/*/children``, or None if unsupported.
+
+    psutil's ``children()`` scans every process on the machine to build a parent map (tens of
+    milliseconds on a busy node); the kernel's per-thread children lists are a few small reads.
+    """
+    tasks = _PROC / str(pid) / "task"
+    try:
+        out: list[int] = []
+        for task in tasks.iterdir():
+            out.extend(int(c) for c in (task / "children").read_text().split())
+        return out
+    except FileNotFoundError:
+        return None if pid == os.getpid() else []  # missing for self: no CONFIG_PROC_CHILDREN
+    except (OSError, ValueError):
+        return []
+
+
+def _rss_from_proc(pid: int) -> int:
+    try:
+        return int((_PROC / str(pid) / "statm").read_text().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0  # the worker exited between listing and reading
 
 
 @dataclass(frozen=True)
@@ -117,15 +145,31 @@ class HostBackend:
             pass
         return 0
 
+    def children_rss(self) -> int:
+        """Summed RSS of all descendants (DataLoader workers and their children), in bytes."""
+        pending = _children_from_proc(os.getpid())
+        if pending is None:  # no /proc children lists: let psutil scan
+            total = 0
+            for child in self._proc.children(recursive=True):
+                try:
+                    total += int(child.memory_info().rss)
+                except psutil.Error:
+                    continue
+            return total
+        total, seen = 0, set()
+        while pending:
+            pid = pending.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            total += _rss_from_proc(pid)
+            pending.extend(_children_from_proc(pid) or [])
+        return total
+
     def sample(self) -> HostSample:
         """One reading of every host figure."""
         rss = self.rss()
-        children = 0
-        for child in self._proc.children(recursive=True):
-            try:
-                children += int(child.memory_info().rss)
-            except psutil.Error:  # a worker that exited between listing and reading
-                continue
+        children = self.children_rss()
         vm = psutil.virtual_memory()
         available, limit = int(vm.available), int(vm.total)
         cg = read_cgroup(self._cgroup_root, self._proc_cgroup)

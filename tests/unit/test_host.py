@@ -88,3 +88,27 @@ def test_real_host_reading_is_sane() -> None:
     assert 0 < s.rss < s.limit
     assert 0 <= s.available <= s.limit
     assert HostBackend().peak_rss() >= s.rss // 2
+
+
+def test_children_rss_counts_real_child_processes() -> None:
+    import subprocess
+    import sys
+
+    backend = HostBackend()
+    before = backend.children_rss()
+    # A child that holds ~64 MiB resident, and a grandchild of its own.
+    code = ("import subprocess, sys, time; b = bytearray(64 << 20); "
+            "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); print('ready', flush=True); time.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        during = backend.children_rss()
+        assert during - before >= 64 * MiB
+        import psutil
+
+        expected = sum(c.memory_info().rss for c in psutil.Process().children(recursive=True))
+        assert abs(during - expected) <= 8 * MiB, "agrees with psutil's full scan"
+    finally:
+        for c in __import__("psutil").Process().children(recursive=True):
+            c.kill()
+        child.wait()
