@@ -206,6 +206,22 @@ def _is_significant(x: Vector, y: Vector, slope: float) -> bool:
     return rise > max(NOISE_SIGMAS * sigma, NOISE_FLOOR_BYTES)
 
 
+def _sustained(x: Vector, y: Vector, slope: float) -> bool:
+    """Whether the newer half of the window also moves significantly, in the same direction.
+
+    A leak keeps growing; allocator warm-up (glibc arenas, the caching allocator filling its
+    pools) grows fast and then flattens, which a whole-window slope still reads as a small,
+    significant rise. On the CPU demo that rise was ~0.08 MiB/step and the ETA wandered between
+    one and eight days on a healthy job. Requiring the newer half to show the growth too keeps
+    the current trend, not the start-up, in charge.
+    """
+    half = len(y) // 2
+    xr, yr = x[half:], y[half:]
+    i, j = np.triu_indices(len(yr), k=1)
+    recent = _median_slope(yr[j] - yr[i], xr[j] - xr[i])
+    return recent * slope > 0 and _is_significant(xr, yr, recent)
+
+
 def estimate(points: TrendPoints, limit_bytes: float | None) -> TrendEstimate:
     """Leak rate (bytes/step, bytes/s) and seconds until the step peak reaches ``limit_bytes``.
 
@@ -227,7 +243,7 @@ def estimate(points: TrendPoints, limit_bytes: float | None) -> TrendEstimate:
         per_step = _median_slope(dy, x_step[j] - x_step[i])
         # One gate for both rates, on the step axis: the same series, and steps are the steadier
         # axis (an evaluation pause stretches time, not steps).
-        if _is_significant(x_step, y, per_step):
+        if _is_significant(x_step, y, per_step) and _sustained(x_step, y, per_step):
             per_second = _median_slope(dy, x_time[j] - x_time[i])
         else:
             per_step = 0.0
