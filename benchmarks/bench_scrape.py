@@ -1,0 +1,78 @@
+"""What one scrape costs: the collectors alone and the full HTTP round trip, on this machine.
+
+Runs a small real model with the exporter started and 0 or ~100 tracked modules, then times
+``registry.collect()`` and ``GET /metrics`` on loopback. Prints p50/p99 in microseconds. On a GPU
+machine the same script measures the CUDA path (allocator + NVML collectors included).
+
+    python benchmarks/bench_scrape.py [--scrapes 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import memexporter  # noqa: E402
+
+
+def model_with_modules(blocks: int, device: str) -> nn.Module:
+    # Each block is 4 modules (Sequential, Linear, GELU, Linear): blocks=25 gives ~100 modules.
+    return nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64)) for _ in range(blocks))).to(device)
+
+
+def percentiles(xs: list[float]) -> tuple[float, float]:
+    xs = sorted(xs)
+    return statistics.median(xs) * 1e6, xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1e6
+
+
+def measure(blocks: int, track: bool, scrapes: int, device: str) -> dict[str, tuple[float, float]]:
+    memexporter.stop()
+    model = model_with_modules(blocks, device)
+    opt = torch.optim.AdamW(model.parameters())
+    exp = memexporter.start(port=0, addr="127.0.0.1", warmup_steps=0)
+    handle = memexporter.track(model, opt, depth=3, max_modules=200) if track else None
+    for _ in range(40):  # fill the trend window so the estimate runs at full size
+        model(torch.randn(32, 64, device=device)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    rows = sum(1 for f in exp.registry.collect() for s in f.samples if s.name == "memexporter_module_parameter_bytes")
+    collect, http = [], []
+    url = exp.url or ""
+    for _ in range(scrapes):
+        t0 = time.perf_counter()
+        list(exp.registry.collect())
+        collect.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        urllib.request.urlopen(url, timeout=10).read()
+        http.append(time.perf_counter() - t0)
+    if handle is not None:
+        handle.remove()
+    exp.stop()
+    return {"rows": (rows, rows), "collect": percentiles(collect), "http": percentiles(http)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scrapes", type=int, default=300)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    print(f"scrape cost on {name}, torch {torch.__version__}, {args.scrapes} scrapes each")
+    print(f"{'tracked modules':>16} | {'collect p50':>11} | {'collect p99':>11} | {'HTTP p50':>9} | {'HTTP p99':>9}")
+    for track in (False, True):
+        r = measure(25, track, args.scrapes, args.device)
+        print(f"{r['rows'][0]:>16.0f} | {r['collect'][0]:>9.0f}us | {r['collect'][1]:>9.0f}us | "
+              f"{r['http'][0]:>7.0f}us | {r['http'][1]:>7.0f}us")
+
+
+if __name__ == "__main__":
+    main()

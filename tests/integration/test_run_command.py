@@ -1,0 +1,109 @@
+"""`memexporter run` and the environment bootstrap start the exporter around an unmodified script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from memexporter.bootstrap import path as bootstrap_path
+from tests.support import REPO_ROOT
+from tests.support.demo import module_env
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.integration
+
+# An unmodified training script: it knows nothing about memexporter. It checks, from the inside,
+# that an exporter serves its steps, and exits with the code the test expects.
+SCRIPT = textwrap.dedent(
+    """
+    import sys, urllib.request
+    import torch
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+    port = int(sys.argv[1])
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'memexporter_steps_total{rank="0"} 3.0' in body, body[:300]
+    print("script-args", sys.argv[1:], "name", __name__)
+    sys.exit(int(sys.argv[2]))
+    """
+)
+
+
+def run(args: list[str], env: dict[str, str] | None = None, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, env=module_env(env), cwd=cwd, check=False)
+
+
+def test_run_script_with_options_and_exit_code(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    port = free_port()
+    out = run([sys.executable, "-m", "memexporter", "run", "--port", str(port), "--addr", "127.0.0.1",
+               str(script), str(port), "7"])
+    assert out.returncode == 7, out.stdout + out.stderr
+    assert f"script-args ['{port}', '7'] name __main__" in out.stdout
+
+
+def test_run_module(tmp_path: Path) -> None:
+    pkg = tmp_path / "mytrain"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "main.py").write_text(SCRIPT)
+    port = free_port()
+    out = run([sys.executable, "-m", "memexporter", "run", "--port", str(port), "-m", "mytrain.main", str(port), "0"],
+              env={"PYTHONPATH": f"{REPO_ROOT}:{tmp_path}"})
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_run_rejects_a_bad_option_value(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('should not run')")
+    out = run([sys.executable, "-m", "memexporter", "run", "--port", "abc", str(script)])
+    assert out.returncode == 2
+    assert "'abc'" in out.stderr and "should not run" not in out.stdout
+
+
+def test_environment_bootstrap_starts_the_exporter(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    port = free_port()
+    env = {"MEMEXPORTER_AUTOSTART": "1", "MEMEXPORTER_PORT": str(port), "MEMEXPORTER_ADDR": "127.0.0.1",
+           "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}"}
+    out = run([sys.executable, str(script), str(port), "0"], env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_bootstrap_skips_torchrun_launcher_and_reports_bad_values(tmp_path: Path) -> None:
+    from memexporter.bootstrap import sitecustomize
+
+    assert not sitecustomize._should_start(["python"])  # MEMEXPORTER_AUTOSTART unset in this process
+    script = tmp_path / "noop.py"
+    script.write_text("print('ran')")
+    env = {"MEMEXPORTER_AUTOSTART": "1", "MEMEXPORTER_PORT": "not-a-port", "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}"}
+    out = run([sys.executable, str(script)], env=env)
+    assert out.returncode == 0 and "ran" in out.stdout  # the interpreter still starts
+    assert "memexporter bootstrap: not started" in out.stderr and "MEMEXPORTER_PORT" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["python", "train.py"], True),
+        (["python", "/venv/bin/torchrun", "--nproc_per_node=2", "train.py"], False),
+        (["python", "-m", "torch.distributed.run", "train.py"], False),
+        (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()", "--multiprocessing-fork"], False),
+        (["python", "/venv/bin/memexporter", "rules"], False),
+        (["python", "-m", "pip", "install", "x"], False),
+    ],
+)
+def test_bootstrap_start_decision(argv: list[str], expected: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memexporter.bootstrap import sitecustomize
+
+    monkeypatch.setenv("MEMEXPORTER_AUTOSTART", "1")
+    assert sitecustomize._should_start(argv) is expected
