@@ -16,6 +16,8 @@ from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
+# The leak estimate does not need a big model; a tiny one keeps the test fast on a busy CI box.
+TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.05")
 WEEK = 7 * 24 * 3600
 
 
@@ -29,7 +31,7 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def at_step(port: int, steps: int, timeout: float = 120) -> dict[str, float]:
+def at_step(port: int, steps: int, timeout: float = 300) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         m = scrape(port)
@@ -41,7 +43,7 @@ def at_step(port: int, steps: int, timeout: float = 120) -> dict[str, float]:
 
 def test_leaking_demo_reports_its_leak_within_150_steps() -> None:
     port = free_port()
-    with running_demo(port, "--leak-mib-per-step", "8", "--step-interval", "0.05", "--no-track"):
+    with running_demo(port, *TINY, "--leak-mib-per-step", "8", "--no-track"):
         m = at_step(port, 150)
     leak = m["memexporter_leak_bytes_per_step"]
     print(f"leak after {m['memexporter_steps_total']:.0f} steps: {leak / MiB:.2f} MiB/step, "
@@ -53,7 +55,7 @@ def test_leaking_demo_reports_its_leak_within_150_steps() -> None:
 
 def test_healthy_demo_reports_no_leak() -> None:
     port = free_port()
-    with running_demo(port, "--step-interval", "0.05", "--eval-every", "25"):
+    with running_demo(port, *TINY, "--eval-every", "25"):
         m = at_step(port, 150)
     leak = m["memexporter_leak_bytes_per_step"]
     eta = m["memexporter_oom_eta_seconds"]
