@@ -1,0 +1,23 @@
+"""Test harness shared by the unit and integration tests: real binaries, free ports, processes.
+
+- ``binaries``: find Prometheus, promtool, Alertmanager, amtool; ``require()`` skips (or fails under
+  ``MEMEXPORTER_REQUIRE_BINARIES=1``) with the binary and its Debian package named.
+- ``prometheus.running_prometheus`` / ``alertmanager.running_alertmanager``: the real servers on
+  loopback, in a temporary folder, stopped afterwards. ``alertmanager.WebhookReceiver`` records
+  notifications.
+- ``demo.running_demo`` / ``demo.running_torchrun_demo`` / ``process.running_command``:
+  ``memexporter demo`` (alone or under torchrun) and other commands as subprocesses, ready once
+  their HTTP endpoints answer, stopped with their whole process group.
+- ``ports``: free loopback ports (``free_port``, ``free_port_block`` for port + LOCAL_RANK).
+- ``promql``: metric names in an expression, variable substitution, ``promtool check rules``.
+
+``test_harness.py`` here tests the harness itself against the real binaries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+__all__ = ["REPO_ROOT"]

@@ -1,0 +1,133 @@
+"""Start a subprocess with its output in a file, wait for its HTTP endpoints, stop it for sure."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+from tests.support.ports import free_port
+
+
+class ProcessError(RuntimeError):
+    """A helper process exited early or never became ready; the message carries its output."""
+
+
+def tail(path: Path, limit: int = 6000) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return text[-limit:]
+
+
+def http_status(url: str, timeout: float = 2.0) -> str:
+    """``"200"``, another status code, or the connection error, for diagnostics."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return str(resp.status)
+    except urllib.error.HTTPError as err:
+        return str(err.code)
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        return f"{type(err).__name__}: {getattr(err, 'reason', err)}"
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    return http_status(url, timeout) == "200"
+
+
+def wait_ready(proc: subprocess.Popen[bytes], urls: Sequence[str], timeout: float, log: Path, what: str) -> None:
+    """Poll until every URL answers 200; raise ``ProcessError`` with the log if it exits or times out."""
+    deadline = time.monotonic() + timeout
+    pending, last = list(urls), ""
+    while pending:
+        if proc.poll() is not None:
+            raise ProcessError(f"{what} exited with code {proc.returncode} before {pending[0]} answered.\n"
+                               f"--- output ({log}) ---\n{tail(log)}")
+        if time.monotonic() > deadline:
+            raise ProcessError(f"{what} not ready after {timeout:.0f} s: {pending[0]} answered {last!r}.\n"
+                               f"--- output ({log}) ---\n{tail(log)}")
+        last = http_status(pending[0])
+        if last == "200":
+            pending.pop(0)
+        else:
+            time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM the process group we started (torchrun forwards it to its workers), wait, then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace)
+
+
+@contextlib.contextmanager
+def running_command(
+    argv: Sequence[str],
+    ready_urls: Sequence[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 60.0,
+    log: Path | None = None,
+    what: str | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` in its own process group with stdout and stderr in ``log`` (a temporary file by
+    default), yield once every URL in ``ready_urls`` answers 200, and stop the whole group on exit.
+    ``ProcessError`` carries the tail of the log when it exits early or is not ready in time."""
+    what = what or Path(argv[0]).name
+    with contextlib.ExitStack() as stack:
+        if log is None:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="memexporter-proc-")))
+            log = folder / "output.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+            )
+        try:
+            wait_ready(proc, ready_urls, timeout, log, what)
+            yield proc
+        finally:
+            stop(proc)
+
+
+def start_on_free_port(
+    stack: contextlib.ExitStack,
+    argv_for: Callable[[int], Sequence[str]],
+    ready_path: str,
+    log: Path,
+    *,
+    what: str,
+    timeout: float = 60.0,
+    attempts: int = 3,
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """Start a server on a free loopback port, entering it into ``stack`` (stopped when it
+    closes). Retries with a new port when another process took the port in the meantime."""
+    for attempt in range(attempts):
+        port = free_port()
+        try:
+            proc = stack.enter_context(
+                running_command(argv_for(port), [f"http://127.0.0.1:{port}{ready_path}"], timeout=timeout,
+                                log=log, what=what)
+            )
+        except ProcessError as err:
+            if attempt + 1 == attempts or "address already in use" not in str(err):
+                raise
+            continue
+        return port, proc
+    raise AssertionError("unreachable")
