@@ -1,0 +1,195 @@
+"""Overhead of memexporter on a training step, and the latency of a modules scrape.
+
+Runs a small GPT-style model on CPU. Each variant (a setup/teardown pair around the same model
+and optimizer) trains in blocks of ``--block`` steps; the variants alternate block by block for
+``--rounds`` rounds, so drift in machine load hits all of them alike. Reports the median step
+time of each variant and its ratio to ``plain``. Then times ``ModulesCollector.collect()`` over
+a model with 100 tracked modules (p50/p99).
+
+    python benchmarks/bench_overhead.py [--rounds 20] [--block 6] [--threads 1 --clock cpu]
+
+Add a variant by adding a ``(setup, teardown)`` pair to ``VARIANTS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import timeit
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memexporter.collectors.modules import ModulesCollector
+from memexporter.config import Config
+from memexporter.scrape import Identity, Scrape, Sources
+from memexporter.tracking.modules import track
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(d), Attention(d, heads)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 512, d: int = 128, layers: int = 4, heads: int = 4, ctx: int = 64) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+@dataclass
+class Job:
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    x: torch.Tensor
+    y: torch.Tensor
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def step(self) -> None:
+        loss = F.cross_entropy(self.model(self.x).flatten(0, 1), self.y.flatten())
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def _nothing(job: Job) -> None:
+    return None
+
+
+def _track(job: Job) -> None:
+    job.state["handle"] = track(job.model, job.opt)
+
+
+def _untrack(job: Job) -> None:
+    job.state.pop("handle").remove()
+
+
+Variant = tuple[Callable[[Job], None], Callable[[Job], None]]
+VARIANTS: dict[str, Variant] = {
+    "plain": (_nothing, _nothing),
+    "tracked": (_track, _untrack),
+}
+
+
+def bench_steps(rounds: int, block: int, batch: int, seq: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    torch.manual_seed(0)
+    model = GPT(ctx=seq)
+    job = Job(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+              torch.randint(0, 512, (batch, seq)), torch.randint(0, 512, (batch, seq)))
+    for _ in range(5):  # warm-up: allocator, optimizer state, oneDNN kernels
+        job.step()
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for r in range(rounds):
+        # Alternate the order too, so neither variant always runs right after the other.
+        order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
+        for name in order:
+            setup, teardown = VARIANTS[name]
+            setup(job)
+            job.step()  # the first step after setup is not timed (e.g. hooks being installed)
+            for _ in range(block):
+                t0 = clock()
+                job.step()
+                times[name].append(clock() - t0)
+            teardown(job)
+    return times
+
+
+def bench_scrape(modules: int, repeat: int) -> list[float]:
+    """Seconds per ``ModulesCollector.collect()`` with ``modules`` tracked module rows."""
+    model = nn.Sequential(*(nn.Linear(16, 16) for _ in range(modules)))
+    opt = torch.optim.AdamW(model.parameters())
+    handle = track(model, opt, max_modules=modules)
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    cfg = Config.resolve({}, environ={})
+    sources = Sources(Identity("0", "0", "1", "bench"), cfg, None, None, None)  # type: ignore[arg-type]
+    collector = ModulesCollector()
+
+    def scrape() -> None:
+        for fam in collector.collect(Scrape(sources)):
+            assert fam.samples
+    try:
+        return timeit.repeat(scrape, number=1, repeat=repeat)
+    finally:
+        handle.remove()
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--block", type=int, default=6, help="steps per variant per round")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--scrapes", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: the training thread's CPU time (with --threads 1: immune to a busy machine)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, "
+          f"{args.rounds} rounds x {args.block} steps per variant, batch {args.batch} x seq {args.seq}")
+    times = bench_steps(args.rounds, args.block, args.batch, args.seq, clock)
+    base = statistics.median(times["plain"])
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        # Paired: the ratio of block medians within each round, then the median over rounds.
+        # Robust to load that drifts between rounds (a shared CI box).
+        blocks = [statistics.median(ts[i:i + args.block]) / statistics.median(times["plain"][i:i + args.block])
+                  for i in range(0, len(ts), args.block)]
+        print(f"  {name:10s} median step {med * 1e3:8.2f} ms  p90 {pct(ts, 0.9) * 1e3:8.2f} ms  "
+              f"ratio {med / base:.4f}  paired ratio {statistics.median(blocks):.4f}")
+    scrape = bench_scrape(100, args.scrapes)
+    print(f"  modules scrape, 100 modules: p50 {pct(scrape, 0.5) * 1e6:.0f} us  "
+          f"p99 {pct(scrape, 0.99) * 1e6:.0f} us  ({len(scrape)} scrapes)")
+
+
+if __name__ == "__main__":
+    main()
