@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from torch import nn
 
-import memexporter  # noqa: E402
+import memexporter
 
 
 def model_with_modules(blocks: int, device: str) -> nn.Module:

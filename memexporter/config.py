@@ -131,18 +131,25 @@ class Config:
         unknown = set(explicit) - set(BY_NAME)
         if unknown:
             raise TypeError(f"memexporter: unknown setting(s) {sorted(unknown)}; known: {sorted(BY_NAME)}")
-        values: dict[str, Any] = {}
-        for knob in KNOBS:
-            raw = explicit.get(knob.name)
-            if raw is not None:
-                values[knob.name] = knob.parse(knob.name, raw)
-            elif env.get(knob.env, "") != "":
-                values[knob.name] = knob.parse(knob.env, env[knob.env])
-            else:
-                values[knob.name] = knob.default
+        values = {knob.name: resolve_knob(knob.name, explicit.get(knob.name), env) for knob in KNOBS}
         if (values["certfile"] is None) != (values["keyfile"] is None):
             raise ValueError("memexporter: certfile and keyfile must be given together")
         return cls(**values)
+
+
+def resolve_knob(name: str, explicit: object = None, environ: Mapping[str, str] | None = None) -> Any:
+    """One knob alone: the explicit value, else ``MEMEXPORTER_<NAME>``, else the default.
+
+    For callers that use a single setting (``track()`` reads ``module_depth``): a bad value of an
+    unrelated variable must not fail them.
+    """
+    knob = BY_NAME[name]
+    env = os.environ if environ is None else environ
+    if explicit is not None:
+        return knob.parse(knob.name, explicit)
+    if env.get(knob.env, "") != "":
+        return knob.parse(knob.env, env[knob.env])
+    return knob.default
 
 
 def reference_table() -> str:

@@ -92,9 +92,10 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("host_limit_bytes", "bytes", "Memory limit for this process: min(physical RAM, cgroup memory.max / memory.limit_in_bytes).", RANK, "host", "memexporter.host.limit"),
     # --- Per-module breakdown (collectors/modules.py), from snapshots published by the training thread.
     _g("module_parameter_bytes", "bytes", "Bytes of parameters owned by the module (shared storage counted once).", MODULE, "modules", "memexporter.module.parameter"),
-    _g("module_gradient_bytes", "bytes", "Bytes of .grad tensors of the module's parameters, measured at the last optimizer step.", MODULE, "modules", "memexporter.module.gradient"),
-    _g("module_optimizer_state_bytes", "bytes", "Bytes of optimizer state (e.g. AdamW exp_avg, exp_avg_sq) mapped to the module's parameters.", MODULE, "modules", "memexporter.module.optimizer_state"),
+    _g("module_gradient_bytes", "bytes", "Bytes of .grad tensors of the module's parameters, counted on the training thread at an optimizer step (the first, then at most once a second).", MODULE, "modules", "memexporter.module.gradient"),
+    _g("module_optimizer_state_bytes", "bytes", "Bytes of optimizer state (e.g. AdamW exp_avg, exp_avg_sq) mapped to the module's parameters, counted like the gradients.", MODULE, "modules", "memexporter.module.optimizer_state"),
     _g("module_activation_bytes", "bytes", "Bytes saved for backward during the last forward (saved_tensors_hooks), attributed to the innermost running module; each storage once.", MODULE, "modules", "memexporter.module.activation"),
+    _g("module_forward_delta_bytes", "bytes", "torch.cuda allocated bytes after minus before the module's forward, summed over its calls in the last forward (opt-in: track(cuda_forward_delta=True)). A parent includes its children: not a partition.", MODULE, "modules", "memexporter.module.forward_delta", True),
     # --- The exporter itself (collectors/exporter.py and the guard in registry.py).
     _g("build_info", "", "Build information (value 1): memexporter, torch and CUDA versions.", ("rank", "version", "torch_version", "cuda_version"), "exporter", "memexporter.build.info"),
     _g("process_info", "", "Process identity (value 1): local rank, world size and hostname.", ("rank", "local_rank", "world_size", "hostname"), "exporter", "memexporter.process.info"),

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
@@ -16,6 +17,12 @@ from tests.support.binaries import require
 from tests.unit.fakes import MiB, one_gpu, sources, with_host
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+@pytest.fixture(autouse=True)
+def _no_hook_errors_from_other_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The module-hook error counter is process-wide; tests that inject failures raise it.
+    monkeypatch.setattr("memexporter.tracking.modules.hook_errors", lambda: 0)
 
 
 def _registry() -> CollectorRegistry:
