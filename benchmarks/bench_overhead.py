@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import memexporter
 from memexporter.collectors.modules import ModulesCollector
 from memexporter.config import Config
 from memexporter.scrape import Identity, Scrape, Sources
@@ -104,10 +105,31 @@ def _untrack(job: Job) -> None:
     job.state.pop("handle").remove()
 
 
+def _start(job: Job) -> None:
+    # The exporter as a user runs it: server thread up, global optimizer step hooks installed.
+    job.state["exporter"] = memexporter.start(port=0, addr="127.0.0.1")
+
+
+def _stop(job: Job) -> None:
+    job.state.pop("exporter").stop()
+
+
+def _start_track(job: Job) -> None:
+    _start(job)
+    _track(job)
+
+
+def _untrack_stop(job: Job) -> None:
+    _untrack(job)
+    _stop(job)
+
+
 Variant = tuple[Callable[[Job], None], Callable[[Job], None]]
 VARIANTS: dict[str, Variant] = {
     "plain": (_nothing, _nothing),
-    "tracked": (_track, _untrack),
+    "start": (_start, _stop),  # step hooks only: issue 3's "the step hook adds no measurable time"
+    "tracked": (_track, _untrack),  # module hooks only
+    "start+track": (_start_track, _untrack_stop),  # what `start(model=...)` costs
 }
 
 
