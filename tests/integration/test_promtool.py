@@ -1,0 +1,138 @@
+"""The alert rules and the Alertmanager example against the real binaries: promtool checks and
+unit-tests the rules, amtool checks the routing, and a real Alertmanager applies the inhibition.
+
+A missing binary skips with the package to install (``apt-get install prometheus
+prometheus-alertmanager``); ``MEMEXPORTER_REQUIRE_BINARIES=1`` (CI) turns that into a failure."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from memexporter import rules
+from tests.support import REPO_ROOT
+from tests.support.alertmanager import WebhookReceiver, running_alertmanager
+from tests.support.binaries import require
+
+pytestmark = pytest.mark.integration
+
+ALERTS_DIR = REPO_ROOT / "alerts"
+RULE_FILES = [ALERTS_DIR / "memexporter.rules.yml", ALERTS_DIR / "memexporter.demo.rules.yml"]
+TEST_FILES = sorted((ALERTS_DIR / "tests").glob("*.yml"))
+AM_EXAMPLE = ALERTS_DIR / "alertmanager.example.yml"
+
+
+def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300, check=False)
+
+
+def rule_count(text: str) -> int:
+    return sum(len(g["rules"]) for g in yaml.safe_load(text)["groups"])
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_check_rules_committed(path: Path) -> None:
+    result = run(require("promtool"), "check", "rules", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {rule_count(path.read_text(encoding='utf-8'))} rules found" in result.stdout
+
+
+@pytest.mark.parametrize("kwargs", [{"preset": "demo"}, {"selector": 'namespace="ml",job=~"trainer-.*"'},
+                                    {"critical_severity": "warning"}], ids=["demo", "selector", "severity"])
+def test_promtool_check_rules_fresh_rendering(tmp_path: Path, kwargs: dict[str, str]) -> None:
+    path = tmp_path / "rendered.rules.yml"
+    path.write_text(rules.render(**kwargs), encoding="utf-8")
+    result = run(require("promtool"), "check", "rules", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_pass() -> None:
+    assert len(TEST_FILES) >= 5, "alerts/tests/*.yml went missing"
+    result = run(require("promtool"), "test", "rules", *TEST_FILES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(TEST_FILES), result.stdout
+
+
+def test_promtool_unit_tests_catch_a_changed_rule(tmp_path: Path) -> None:
+    # Not vacuous: the same tests against rules with a shorter for: (OOMPredicted would fire
+    # 30 minutes earlier) and a higher fragmentation threshold (never fires) must fail.
+    cfg = dataclasses.replace(rules.RulesConfig.default(), predicted_for=600, fragmentation_min_ratio=0.5)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "memexporter.rules.yml").write_text(rules.render_config(cfg), encoding="utf-8")
+    for name in ("oom_forecast.yml", "allocator.yml"):
+        shutil.copy(ALERTS_DIR / "tests" / name, tmp_path / "tests" / name)
+    for name, alert in (("oom_forecast.yml", "MemexporterOOMPredicted"),
+                        ("allocator.yml", "MemexporterFragmentationHigh")):
+        result = run(require("promtool"), "test", "rules", tmp_path / "tests" / name)
+        assert result.returncode != 0, f"{name} passed against changed rules"
+        assert f"alertname: {alert}" in result.stdout + result.stderr
+
+
+def test_amtool_check_config() -> None:
+    result = run(require("amtool"), "check-config", AM_EXAMPLE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize(("labels", "receiver"), [
+    (("alertname=MemexporterOOMImminent", "severity=critical"), "training-pager"),
+    (("alertname=MemexporterOOMPredicted", "severity=warning"), "training-chat"),
+    (("alertname=MemexporterCollectorFailing", "severity=warning"), "training-chat"),
+])
+def test_amtool_routes_by_severity(labels: tuple[str, ...], receiver: str) -> None:
+    result = run(require("amtool"), "config", "routes", "test", f"--config.file={AM_EXAMPLE}",
+                 f"--verify.receivers={receiver}", *labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _post_alerts(url: str, alerts: list[dict[str, Any]]) -> None:
+    req = urllib.request.Request(f"{url}/api/v2/alerts", data=json.dumps(alerts).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+
+
+def test_alertmanager_inhibits_the_warning_twin(tmp_path: Path) -> None:
+    # The example config as shipped, with both webhook placeholders pointed at a local receiver
+    # and group_wait cut to 1s so the test takes seconds; routes and inhibition are untouched.
+    with WebhookReceiver() as hook:
+        config = yaml.safe_load(AM_EXAMPLE.read_text(encoding="utf-8"))
+        for receiver in config["receivers"]:
+            for webhook in receiver["webhook_configs"]:
+                webhook["url"] = hook.url + receiver["name"]
+        for route in (config["route"], *config["route"]["routes"]):
+            route["group_wait"] = "1s"
+        path = tmp_path / "alertmanager.yml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        where = {"job": "memexporter", "instance": "trainer-0:9400", "device": "cuda:0"}
+
+        def alert(name: str, severity: str, rank: str) -> dict[str, Any]:
+            return {"labels": {"alertname": name, "severity": severity, "rank": rank, **where},
+                    "annotations": {"summary": name}}
+
+        with running_alertmanager(path) as am:
+            _post_alerts(am.url, [alert("MemexporterOOMImminent", "critical", "0"),
+                                  alert("MemexporterOOMPredicted", "warning", "0"),
+                                  alert("MemexporterOOMPredicted", "warning", "1")])
+            page = hook.wait_for(lambda p: p["receiver"] == "training-pager", timeout=60)
+            assert page.path == "/training-pager"
+            assert [a["labels"]["alertname"] for a in page.payload["alerts"]] == ["MemexporterOOMImminent"]
+            chat = hook.wait_for(lambda p: p["receiver"] == "training-chat", timeout=60)
+            # Rank 1's forecast has no critical twin; rank 0's is inhibited and never notified.
+            assert [a["labels"]["rank"] for a in chat.payload["alerts"]] == ["1"]
+            states = {(a["labels"]["alertname"], a["labels"]["rank"]): a["status"] for a in am.alerts()}
+            assert states[("MemexporterOOMPredicted", "0")]["state"] == "suppressed"
+            assert states[("MemexporterOOMPredicted", "0")]["inhibitedBy"]
+            assert states[("MemexporterOOMPredicted", "1")]["state"] == "active"
+            time.sleep(2)  # anything else already queued (group_wait 1s) would have arrived by now
+            notified = {(a["labels"]["alertname"], a["labels"]["rank"]) for p in hook.payloads() for a in p["alerts"]}
+            assert ("MemexporterOOMPredicted", "0") not in notified

@@ -1,0 +1,110 @@
+"""The alert rules: committed files equal the renderer's output, every alert is complete and
+documented, every name they read exists, and the template really is parameterised."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from memexporter import rules
+from memexporter.metrics import BY_NAME
+from tests.support import REPO_ROOT
+from tests.support.promql import metric_names
+
+ALERTS_DIR = REPO_ROOT / "alerts"
+COMMITTED = {"default": ALERTS_DIR / "memexporter.rules.yml", "demo": ALERTS_DIR / "memexporter.demo.rules.yml"}
+RUNBOOK = ALERTS_DIR / "runbook.md"
+
+# DESIGN.md section 5, "Alert names (contract)".
+CONTRACT_ALERTS = (
+    "MemexporterOOMPredicted", "MemexporterOOMImminent", "MemexporterMemoryLeak", "MemexporterAllocatorThrashing",
+    "MemexporterOOMOccurred", "MemexporterFragmentationHigh", "MemexporterRankImbalance", "MemexporterCollectorFailing",
+)
+# The rules may read any series in the spec table (the single source of truth), or their own records.
+RULE_INPUTS = frozenset(BY_NAME)
+# Metric names inside the annotations' template queries: {{ with printf "name{..." ... | query }}.
+TEMPLATE_QUERY = re.compile(r'printf "([A-Za-z_:][\w:]*)\{')
+RECORD_NAME = re.compile(r"[a-z_]+:[a-z_]+:[a-z0-9_]+")
+
+
+def load(text: str) -> list[dict[str, Any]]:
+    """Every rule of a rendered file, groups flattened."""
+    doc = yaml.safe_load(text)
+    return [r for g in doc["groups"] for r in g["rules"]]
+
+
+def alerts(text: str) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for r in load(text) if "alert" in r}
+
+
+DEFAULT = rules.render()
+ALERTS = alerts(DEFAULT)
+
+
+@pytest.mark.parametrize("preset", sorted(COMMITTED))
+def test_committed_files_are_the_rendering(preset: str) -> None:
+    path = COMMITTED[preset]
+    rerender = f"python -m memexporter.rules --preset {preset} --output {path.relative_to(REPO_ROOT)}"
+    assert path.read_text(encoding="utf-8") == rules.render(preset), f"{path.name} is stale: run `{rerender}`"
+
+
+def test_presets_are_the_dataclass_presets() -> None:
+    assert set(rules.PRESETS) == {"default", "demo"}
+    assert rules.PRESETS["default"] == rules.RulesConfig.default()
+    assert rules.PRESETS["demo"] == rules.RulesConfig.demo()
+
+
+def test_contract_alerts_exist_and_nothing_else() -> None:
+    assert sorted(ALERTS) == sorted(CONTRACT_ALERTS)
+
+
+@pytest.mark.parametrize("name", CONTRACT_ALERTS)
+def test_alert_is_complete(name: str) -> None:
+    rule = ALERTS[name]
+    assert rule["labels"]["severity"] == ("critical" if name == "MemexporterOOMImminent" else "warning")
+    ann = rule["annotations"]
+    assert sorted(ann) == ["description", "runbook_url", "summary"]
+    assert ann["summary"][0].isupper() and ann["summary"].endswith("."), ann["summary"]
+    assert ann["runbook_url"] == f"{rules.RulesConfig.runbook_base_url}#{name.lower()}"
+    # The description names where it happens; the figure comes from $value or a query.
+    for label in ("$labels.rank", "$labels.instance", "$labels.job"):
+        assert label in ann["description"], f"{name}: description lacks {label}"
+    if name != "MemexporterCollectorFailing":  # its series have no device; it names the collector
+        assert "$labels.device" in ann["description"]
+    assert "$value" in ann["description"]
+
+
+@pytest.mark.parametrize("name", CONTRACT_ALERTS)
+def test_runbook_has_a_section_per_alert(name: str) -> None:
+    # GitHub's anchor for "## MemexporterOOMPredicted" is #memexporteroompredicted.
+    headings = {line[3:].strip().lower() for line in RUNBOOK.read_text(encoding="utf-8").splitlines()
+                if line.startswith("## ")}
+    anchor = ALERTS[name]["annotations"]["runbook_url"].rsplit("#", 1)[1]
+    assert anchor in headings, f"runbook.md has no '## {name}' section for #{anchor}"
+
+
+def test_runbook_names_only_existing_metrics_and_rules() -> None:
+    text = RUNBOOK.read_text(encoding="utf-8")
+    known = set(BY_NAME) | {r["record"] for r in load(DEFAULT) if "record" in r}
+    # Whole names only: a prefix such as `grep '^memexporter_module_'` ends in "_".
+    named = {n for n in re.findall(r"\b(?:memexporter_\w+|rank_device:[\w:]+)", text) if not n.endswith("_")}
+    assert named, "the runbook should give queries"
+    assert named <= known, sorted(named - known)
+
+
+@pytest.mark.parametrize("preset", sorted(COMMITTED))
+def test_rules_read_only_exported_metrics_or_their_own_records(preset: str) -> None:
+    text = rules.render(preset)
+    records = {r["record"] for r in load(text) if "record" in r}
+    for rule in load(text):
+        name = rule.get("record") or rule["alert"]
+        used = metric_names(rule["expr"])
+        for value in rule.get("annotations", {}).values():
+            used |= set(TEMPLATE_QUERY.findall(value))
+        unknown = used - RULE_INPUTS - records
+        assert not unknown, f"{name} reads {sorted(unknown)}: not an exported metric nor a recording rule"
