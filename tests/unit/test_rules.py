@@ -108,3 +108,87 @@ def test_rules_read_only_exported_metrics_or_their_own_records(preset: str) -> N
             used |= set(TEMPLATE_QUERY.findall(value))
         unknown = used - RULE_INPUTS - records
         assert not unknown, f"{name} reads {sorted(unknown)}: not an exported metric nor a recording rule"
+
+
+def test_recording_rules_are_named_level_metric_operation() -> None:
+    records = [r["record"] for r in load(DEFAULT) if "record" in r]
+    assert records
+    for name in records:
+        assert RECORD_NAME.fullmatch(name), name
+        level, metric, operation = name.split(":")
+        assert level
+        assert metric.startswith("memexporter_") and operation
+
+
+@pytest.mark.parametrize("preset", sorted(rules.PRESETS))
+def test_every_series_carries_the_selector(preset: str) -> None:
+    text = rules.render(preset, selector='job="trainer",cluster="a"')
+    assert 'job="memexporter"' not in text
+    for rule in load(text):
+        for name in metric_names(rule["expr"]):
+            if name.startswith("memexporter_") or ":" in name:
+                assert re.search(re.escape(name) + r'\{[^}]*job="trainer",cluster="a"', rule["expr"]), (
+                    f"{rule.get('record') or rule['alert']}: {name} without the selector")
+
+
+def test_critical_severity_can_be_downgraded_so_nothing_pages() -> None:
+    assert ALERTS["MemexporterOOMImminent"]["labels"]["severity"] == "critical"
+    downgraded = alerts(rules.render(critical_severity="warning"))
+    assert {a["labels"]["severity"] for a in downgraded.values()} <= {"warning", "info"}
+
+
+def test_contract_severities() -> None:
+    assert ALERTS["MemexporterOOMPredicted"]["labels"]["severity"] == "warning"
+    assert ALERTS["MemexporterMemoryLeak"]["labels"]["severity"] == "warning"
+    assert ALERTS["MemexporterAllocatorThrashing"]["labels"]["severity"] == "warning"
+
+
+def test_runbook_base_url_is_a_parameter() -> None:
+    text = rules.render(runbook_base_url="https://runbooks.example/memexporter.md")
+    for name, alert in alerts(text).items():
+        assert alert["annotations"]["runbook_url"] == f"https://runbooks.example/memexporter.md#{name.lower()}"
+
+
+def test_demo_preset_has_shorter_windows_and_same_thresholds() -> None:
+    default, demo = rules.PRESETS["default"], rules.PRESETS["demo"]
+    for f in dataclasses.fields(rules.RulesConfig):
+        a, b = getattr(default, f.name), getattr(demo, f.name)
+        if f.name.endswith(("_window", "_horizon", "_for")):
+            assert b < a, f"demo {f.name} is not shorter"
+            assert b <= 600, f"demo {f.name} is not minutes"
+        else:
+            assert a == b, f"demo changes the threshold {f.name}"
+
+
+def test_predictive_alerts_wait_with_for_and_oom_occurred_does_not() -> None:
+    for name in ("MemexporterOOMPredicted", "MemexporterOOMImminent", "MemexporterMemoryLeak", "MemexporterRankImbalance"):
+        assert "for" in ALERTS[name], name
+    assert "for" not in ALERTS["MemexporterOOMOccurred"]
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(30, "30s"), (60, "1m"), (5400, "1h30m"), (3661, "1h1m1s"), (0, "0s")])
+def test_duration(seconds: int, text: str) -> None:
+    assert rules.duration(seconds) == text
+
+
+def test_rendering_is_deterministic() -> None:
+    assert rules.render() == rules.render()
+    assert rules.render("demo") == rules.render("demo")
+
+
+def test_unknown_preset_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="'nope'"):
+        rules.render("nope")
+
+
+def test_cli_prints_writes_and_rejects(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from memexporter.cli import main
+
+    assert main(["rules", "--preset", "demo"]) == 0
+    assert capsys.readouterr().out == rules.render("demo")
+    out = tmp_path / "r.yml"
+    assert main(["rules", "--selector", 'job="x"', "--output", str(out)]) == 0
+    assert out.read_text() == rules.render(selector='job="x"')
+    with pytest.raises(SystemExit) as info:
+        main(["rules", "--preset", "nope"])
+    assert info.value.code == 2
