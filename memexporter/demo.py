@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     limit = args.memory_limit_mib * MiB if args.memory_limit_mib else None
-    exp = memexporter.start(port=args.port, memory_limit_bytes=limit, warmup_steps=args.warmup_steps)
+    exp = memexporter.start(port=args.port, addr=args.addr, memory_limit_bytes=limit, warmup_steps=args.warmup_steps)
     if not args.no_track:
         exp.tracked.append(memexporter.track(model, opt))
     mem_device = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
@@ -156,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (default: auto)")
     p.add_argument("--port", type=int, default=None, help="base port (default: MEMEXPORTER_PORT or 9400; rank r adds LOCAL_RANK)")
+    p.add_argument("--addr", default=None, help="bind address (default: MEMEXPORTER_ADDR or all interfaces)")
     p.add_argument("--steps", type=int, default=0, help="steps to train; 0 trains until interrupted (default)")
     p.add_argument("--step-interval", type=float, default=0.0, metavar="S", help="minimum seconds per step")
     p.add_argument("--leak-mib-per-step", type=float, default=0.0, metavar="N", help="keep N MiB alive per step (a leak)")
