@@ -209,3 +209,19 @@ def test_import_and_start_create_no_cuda_context() -> None:
             "list(e.registry.collect()); print(torch.cuda.is_initialized()); e.stop()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_raising_collector_over_http_costs_only_its_series(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memexporter.collectors.host import HostCollector
+
+    def boom(self: object, scrape: object) -> list[object]:
+        raise RuntimeError("injected collector failure")
+
+    monkeypatch.setattr(HostCollector, "collect", boom)
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    status, _, body = get(base(exp) + "/metrics")
+    assert status == 200
+    assert 'memexporter_collector_success{collector="host",rank="0"} 0.0' in body
+    assert 'memexporter_collector_success{collector="memory",rank="0"} 1.0' in body
+    assert "memexporter_host_rss_bytes" not in body
+    assert 'memexporter_memory_used_bytes{device="cpu",rank="0"}' in body

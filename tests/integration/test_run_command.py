@@ -107,3 +107,38 @@ def test_bootstrap_start_decision(argv: list[str], expected: bool, monkeypatch: 
 
     monkeypatch.setenv("MEMEXPORTER_AUTOSTART", "1")
     assert sitecustomize._should_start(argv) is expected
+
+
+def test_torchrun_no_python_memexporter_run(tmp_path: Path) -> None:
+    """`torchrun --no-python memexporter run train.py`: each of two ranks serves port + LOCAL_RANK."""
+    import shutil
+
+    from tests.support.ports import free_port_block
+
+    bindir = Path(sys.executable).parent
+    memexporter_bin, torchrun = shutil.which("memexporter", path=str(bindir)), shutil.which("torchrun", path=str(bindir))
+    if memexporter_bin is None or torchrun is None:
+        pytest.skip(f"needs the memexporter and torchrun commands beside {sys.executable} (pip install -e .)")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(
+        """
+        import os, urllib.request
+        import torch
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(2, 8)).sum().backward()
+            opt.step()
+        port = int(os.environ["BASE_PORT"]) + int(os.environ["LOCAL_RANK"])
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        rank = os.environ["RANK"]
+        assert f'memexporter_steps_total{{rank="{rank}"}} 2.0' in body, body[:300]
+        assert 'world_size="2"' in body
+        print("rank", rank, "ok on", port, flush=True)
+        """
+    ))
+    base = free_port_block(2)
+    out = run([torchrun, "--standalone", "--nproc-per-node=2", "--no-python", memexporter_bin, "run",
+               "--port", str(base), "--addr", "127.0.0.1", str(script)], env={"BASE_PORT": str(base)})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.count(" ok on ") == 2
