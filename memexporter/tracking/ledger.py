@@ -1,6 +1,6 @@
 """The module ledger: the row plan, byte counting, immutable snapshots, the fold, the active list.
 
-The training thread (hooks in ``tracking/modules.py``) calls the counting functions here and
+The training thread (hooks in ``tracking/hooks.py``) calls the counting functions here and
 publishes a new ``Snapshot`` by swapping one attribute; the scrape thread reads only published
 snapshots and ``fold()``, never a live tensor (DESIGN.md §2 rule 4).
 

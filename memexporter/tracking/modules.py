@@ -13,6 +13,9 @@
 Every figure is computed here and published as an immutable ``ledger.Snapshot``; the collector
 reads only that (DESIGN.md §2 rule 4). Hooks never raise: failures are counted by
 ``hook_errors()`` and the first one is logged. See docs/modules.md.
+
+This module holds ``track()`` and the handle; the hook methods the handle registers live in
+``hooks.py`` (forward, saved tensors) and ``optimizer.py`` (optimizer steps).
 """
 
 from __future__ import annotations
@@ -20,15 +23,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from itertools import chain, count
 from types import MappingProxyType, TracebackType
-from typing import Any, cast
 
-import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.optim import Optimizer
@@ -37,60 +36,21 @@ from torch.utils.hooks import RemovableHandle
 
 from memexporter.config import resolve_knob
 from memexporter.tracking import ledger
-from memexporter.tracking.ledger import ROOT_LABEL, Plan, Snapshot, active_handles, storage, unwrap
+from memexporter.tracking.hooks import ForwardHooks, _eager, _top_hooks, hook_errors
+from memexporter.tracking.ledger import ROOT_LABEL, Plan, Snapshot, active_handles, unwrap
+
+# Re-exported for callers of the public module; the hooks read them in tracking/optimizer.py.
+from memexporter.tracking.optimizer import STEP_COUNT_INTERVAL_S as STEP_COUNT_INTERVAL_S  # noqa: PLC0414
+from memexporter.tracking.optimizer import StepHooks
 
 __all__ = ["ROOT_LABEL", "TrackHandle", "active_handles", "hook_errors", "track"]
 
 log = logging.getLogger("memexporter")
 
-_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
-_push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
-_pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
-_hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled  # type: ignore[attr-defined]
-_graph_task = torch._C._current_graph_task_id  # -1 outside backward
-# Run a hook eagerly even inside a compiled region (a graph break; 0.6 us per call in eager).
-_eager = cast(Callable[[Callable[..., None]], Callable[..., None]], torch.compiler.disable)
-
-STEP_COUNT_INTERVAL_S = 1.0
-"""Gradient and optimizer-state bytes are recounted at an optimizer step at most this often."""
-
-_errors = 0
-_errors_lock = threading.Lock()
 _track_lock = threading.Lock()  # track() only; scrapes never take it
 
 
-def hook_errors() -> int:
-    """Failures caught inside tracking hooks since the process started (never raised to training)."""
-    return _errors
-
-
-def _fail(where: str) -> None:
-    # Called from an except block. Count every failure, log the first traceback only: a broken
-    # hook runs on every forward and would flood the training log.
-    global _errors
-    with _errors_lock:
-        _errors += 1
-        first = _errors == 1
-    if first:
-        log.exception("memexporter: module tracking failed in the %s; training goes on, further "
-                      "failures are only counted (memexporter.tracking.modules.hook_errors())", where)
-
-
-def _record_slow(t: torch.Tensor, seen: set[int], acc: list[int], stack: list[int]) -> None:
-    try:
-        key, nbytes = storage(t)
-        if key not in seen:
-            seen.add(key)
-            acc[stack[-1]] += nbytes
-    except Exception:
-        _fail("saved-tensor pack hook")
-
-
-def _identity(x: Any) -> Any:
-    return x
-
-
-class TrackHandle:
+class TrackHandle(ForwardHooks, StepHooks):
     """One tracked model. ``remove()`` (or leaving a ``with`` block) takes every hook off.
 
     The handle is also what the modules collector reads: ``snapshot()`` returns the last published
@@ -192,169 +152,6 @@ class TrackHandle:
             return 0 if index is None else backend.allocated(index)[0]
         return allocated
 
-    # --- forward hooks -------------------------------------------------------------------------
-
-    def _sub_hooks(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
-        stack, before, allocated = self._stack, self._before, self._allocated
-        if allocated is None:
-            def pre(m: nn.Module, args: Any) -> None:
-                stack.append(row)
-
-            def post(m: nn.Module, args: Any, out: Any) -> None:
-                if stack:
-                    stack.pop()
-            return pre, post
-
-        def dpre(m: nn.Module, args: Any) -> None:
-            stack.append(row)
-            try:
-                if self._dacc is not None:
-                    before.append(allocated())
-            except Exception:
-                _fail("forward pre-hook (cuda_forward_delta)")
-
-        def dpost(m: nn.Module, args: Any, out: Any) -> None:
-            if stack:
-                stack.pop()
-            try:
-                if self._dacc is not None and before:
-                    self._dacc[row] += allocated() - before.pop()
-            except Exception:
-                _fail("forward hook (cuda_forward_delta)")
-        return dpre, dpost
-
-    def _root_pre(self, module: nn.Module, args: Any) -> None:
-        if self._removed:  # removed while the last forward ran on another thread: finish now
-            self.remove()
-            return
-        self._stack.append(0)
-        self._depth += 1
-        try:
-            # Only the outermost, grad-enabled forward on the owning process records. A checkpoint
-            # recompute runs inside backward (a graph task is running): it is not a new forward.
-            if (self._depth == 1 and torch.is_grad_enabled() and _graph_task() == -1
-                    and os.getpid() == self._pid and _hooks_enabled()):
-                self._begin()
-        except Exception:
-            _fail("root forward pre-hook")
-
-    def _root_post(self, module: nn.Module, args: Any, out: Any) -> None:
-        try:
-            self._depth = max(0, self._depth - 1)
-            if self._depth:
-                if self._stack:
-                    self._stack.pop()
-                return
-            self._stack.clear()  # also heals a stack left unbalanced by a failed hook
-            if self._ctx is not None:
-                self._end()
-            self._sample()
-        except Exception:
-            _fail("root forward hook")
-
-    def _begin(self) -> None:
-        self._refresh_params()
-        acc = self._acc = [0] * len(self._snap.layout.names)
-        seen, stack = set(self._params.exclude), self._stack
-        top = _top_hooks(True)
-        # Torch applies only the innermost pair, so ours calls the pair it shadows. If that pair is
-        # another tracked model's (a teacher inside a student), skip it: innermost module wins.
-        chain = getattr(top[0], "memexporter_chain", top) if top is not None else None
-        outer_pack, unpack = chain if chain is not None else (None, _identity)
-
-        def pack(t: torch.Tensor) -> Any:
-            try:
-                s = t.untyped_storage()
-                ptr = s.data_ptr()
-                if ptr not in seen:
-                    seen.add(ptr)
-                    acc[stack[-1]] += s.nbytes()
-            except Exception:
-                _record_slow(t, seen, acc, stack)
-            # Never the tensor itself: a saved output would then reference its own grad_fn (a cycle).
-            return t.detach() if outer_pack is None else outer_pack(t)
-
-        pack.memexporter_chain = chain  # type: ignore[attr-defined]
-        ctx = saved_tensors_hooks(pack, unpack)
-        ctx.__enter__()
-        self._ctx = ctx
-        if self._allocated is not None:
-            self._before.clear()
-            self._before.append(self._allocated())
-            self._dacc = [0] * len(acc)
-
-    def _end(self) -> None:
-        ctx, self._ctx = self._ctx, None
-        top = _top_hooks(True)
-        if ctx is None or top is None:
-            raise RuntimeError("our saved-tensor hooks were popped by someone else")
-        if top[0] is not ctx.pack_hook:
-            # A pair pushed inside the forward and never popped: lift it, drop ours beneath it if
-            # there, put it back. Ours must not stay pushed (it would count forever, unbounded).
-            _pop_hooks()
-            below = _top_hooks(True)
-            if below is not None and below[0] is ctx.pack_hook:
-                _pop_hooks()
-            _push_hooks(*top)
-            raise RuntimeError("saved-tensor hooks pushed inside the forward were not popped; "
-                               "this forward's activations are not published")
-        ctx.__exit__(None, None, None)
-        if self._removed:
-            return
-        with self._write:
-            self._snap = replace(self._snap, activation=tuple(self._acc))
-        dacc, self._dacc = self._dacc, None
-        if dacc is not None and self._allocated is not None and self._before:
-            dacc[0] = self._allocated() - self._before.pop()
-            names = self._snap.layout.names
-            rows = [0] + [row for _, row in self._plan.hooked]
-            self._deltas = MappingProxyType({names[r]: dacc[r] for r in rows})
-
-    # --- parameters, gradients, optimizer state ------------------------------------------------
-
-    def _refresh_params(self) -> None:
-        """Recount parameter bytes if any parameter or buffer storage moved (``.to()``, ``.half()``)."""
-        fp = self._plan.fingerprint()
-        if fp != self._fingerprint:
-            self._params = ledger.count_params(self._plan)
-            self._fingerprint = fp
-            with self._write:
-                self._snap = replace(self._snap, parameter=self._params.bytes)
-
-    def _on_any_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
-        # The global hook sees every optimizer: keep those that hold this model's parameters.
-        try:
-            groups = len(optimizer.param_groups)
-            known = self._holds.get(optimizer)
-            if known is None or known[0] != groups:
-                ids = self._params.param_ids
-                known = (groups, any(id(p) in ids for g in optimizer.param_groups for p in g["params"]))
-                self._holds[optimizer] = known
-        except Exception:
-            _fail("optimizer step hook")
-            return
-        if known[1]:
-            self._on_step(optimizer, args, kwargs)
-
-    def _on_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
-        try:
-            if os.getpid() != self._pid:
-                return
-            # Counting touches every .grad and state tensor (~2 us per parameter): do it at the
-            # first step of each optimizer, then at most every STEP_COUNT_INTERVAL_S seconds.
-            now = time.monotonic()
-            if now - self._counted.get(optimizer, -1e18) < STEP_COUNT_INTERVAL_S:
-                return
-            self._counted[optimizer] = now
-            self._refresh_params()
-            grads, state = ledger.count_step(self._plan, optimizer)
-            self._opt_state[optimizer] = state  # several optimizers on one model add up
-            total = tuple(sum(col) for col in zip(*self._opt_state.values(), strict=True))
-            with self._write:
-                self._snap = replace(self._snap, gradient=grads, optimizer_state=total)
-        except Exception:
-            _fail("optimizer step hook")
-
 
 def _noop() -> None:
     return None
@@ -417,3 +214,5 @@ def track(model: nn.Module, optimizer: Optimizer | Iterable[Optimizer] | None = 
             candidates = chain(["", type(inner).__name__], (f"model{i}" for i in count(1)))
             prefix = next(p for p in candidates if not taken & set(plan.layout(p).names))
         return TrackHandle(model, plan, prefix, max_modules, opts, cuda_forward_delta, allocated)
+
+

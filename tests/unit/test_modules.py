@@ -22,8 +22,9 @@ from torch.utils.checkpoint import checkpoint
 
 from memexporter.collectors.modules import ModulesCollector
 from memexporter.scrape import Scrape
+from memexporter.tracking import hooks as tracking_hooks
 from memexporter.tracking import ledger
-from memexporter.tracking import modules as tracking
+from memexporter.tracking import optimizer as tracking_optimizer
 from memexporter.tracking.ledger import FAMILIES, Layout, Snapshot, fold
 from memexporter.tracking.modules import ROOT_LABEL, TrackHandle, active_handles, hook_errors, track
 from tests.unit.fakes import sources
@@ -266,7 +267,7 @@ def test_failing_internals_are_counted_not_raised(monkeypatch: pytest.MonkeyPatc
         raise RuntimeError("injected")
 
     monkeypatch.setattr(ledger, "count_step", boom)
-    monkeypatch.setattr(tracking, "_top_hooks", boom)
+    monkeypatch.setattr(tracking_hooks, "_top_hooks", boom)
     loss = train_step(model, opt, batch())
     assert torch.isfinite(torch.tensor(loss))  # the step completed
     assert hook_errors() >= before + 2
@@ -277,7 +278,7 @@ def test_failing_internals_are_counted_not_raised(monkeypatch: pytest.MonkeyPatc
     handle.remove()
     model = TiedNet(None)
     track(model)
-    monkeypatch.setattr(tracking, "storage", boom)
+    monkeypatch.setattr(tracking_hooks, "storage", boom)
     monkeypatch.setattr(torch.Tensor, "untyped_storage", boom)
     before = hook_errors()
     out = model(batch()[0])
@@ -341,7 +342,7 @@ def test_gradients_and_state_are_recounted_at_most_once_per_interval(monkeypatch
     model.out.weight.grad = None  # fewer gradients at the next step...
     opt.step()
     assert totals(handle)["gradient"] == first  # ...not seen: within the interval
-    monkeypatch.setattr(tracking, "STEP_COUNT_INTERVAL_S", 0.0)
+    monkeypatch.setattr(tracking_optimizer, "STEP_COUNT_INTERVAL_S", 0.0)
     opt.step()
     assert totals(handle)["gradient"] == first - model.out.weight.numel() * 4
 
