@@ -96,7 +96,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("strict", _bool, False, "Raise instead of logging when the port is taken or the server cannot start."),
     Knob("certfile", _opt_path, None, "TLS certificate (PEM), passed to prometheus_client. Needs keyfile."),
     Knob("keyfile", _opt_path, None, "TLS private key (PEM), passed to prometheus_client. Needs certfile."),
-    Knob("memory_limit_bytes", _opt_positive, None, "Soft budget that replaces memory_limit_bytes for the devices the job trains on (CUDA if any is in use, else cpu)."),
+    Knob("memory_limit_bytes", _opt_positive, None, "Soft budget (bytes) that caps memory_limit_bytes for the devices the job trains on (CUDA if any is in use, else cpu)."),
     Knob("leak_window", _window, 200, "Steps in the leak-rate window (ring buffer; 8..100000)."),
     Knob("warmup_steps", _non_negative, 20, "Steps ignored at the start of the run and after a restart (allocator and cache warm-up)."),
     Knob("auto_step", _bool, True, "Count every optimizer.step() as a step boundary. memexporter.step() turns this off."),

@@ -60,8 +60,8 @@ _MS = "torch.cuda.memory_stats()"
 SPECS: tuple[MetricSpec, ...] = (
     # --- The OOM view: the same for every device (collectors/memory.py, collectors/trend.py).
     _g("memory_used_bytes", "bytes", f"Memory in use. cuda: {_MS}['allocated_bytes.all.current']; cpu: process RSS (psutil).", DEVICE, "memory", "memexporter.memory.used"),
-    _g("memory_limit_bytes", "bytes", "Most that used can reach before an OOM: held plus free to this process. cuda: reserved + device free (NVML), capped by the per-process memory fraction; cpu: RSS + available (cgroup-aware). Replaced by memory_limit_bytes= when set.", DEVICE, "memory", "memexporter.memory.limit"),
-    _g("memory_peak_bytes", "bytes", "Highest used within the last completed step: the lifetime high-water mark when it rose during the step (exact), else the highest sample taken in the step (a lower bound).", DEVICE, "trend", "memexporter.memory.peak"),
+    _g("memory_limit_bytes", "bytes", "Most that used can reach before an OOM: held plus free to this process. cuda: reserved + device free (NVML), capped by the per-process memory fraction; cpu: RSS + available (cgroup-aware). Capped by memory_limit_bytes= when set.", DEVICE, "memory", "memexporter.memory.limit"),
+    _g("memory_peak_bytes", "bytes", "Highest used within the last completed step: the lifetime high-water mark when it rose during the step (exact); otherwise the step's start plus the excursion of the last exactly measured step, capped by the high-water mark and never below a sample taken in the step (an estimate). Peak stats are never reset.", DEVICE, "trend", "memexporter.memory.peak"),
     _g("memory_baseline_bytes", "bytes", "used at the last step boundary (after the optimizer step): the footprint that persists between steps.", DEVICE, "trend", "memexporter.memory.baseline"),
     _g("leak_rate_bytes_per_second", "bytes_per_second", "Robust (Theil-Sen) slope of the baseline against wall time over the leak window; 0 until enough steps or when within noise.", DEVICE, "trend", "memexporter.leak.rate"),
     _g("leak_bytes_per_step", "bytes_per_step", "Robust (Theil-Sen) slope of the baseline against step count over the leak window; 0 until enough steps or when within noise.", DEVICE, "trend", "memexporter.leak.per_step"),
@@ -87,7 +87,7 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("device_info", "", "Device identity (value 1): NVML UUID and name, matched to the CUDA ordinal by UUID.", ("rank", "device", "uuid", "name"), "device", "memexporter.device.info", True),
     # --- Host, from psutil and cgroup files (collectors/host.py).
     _g("host_rss_bytes", "bytes", "Resident set size of this process: psutil memory_info().rss.", RANK, "host", "process.memory.usage"),
-    _g("host_children_rss_bytes", "bytes", "Summed RSS of child processes (DataLoader workers): psutil children(recursive=True).", RANK, "host", "memexporter.host.children_rss"),
+    _g("host_children_rss_bytes", "bytes", "Summed RSS of all descendant processes (DataLoader workers), from /proc/PID/task/*/children and /proc/PID/statm (psutil as the fallback).", RANK, "host", "memexporter.host.children_rss"),
     _g("host_available_bytes", "bytes", "Memory available to this process: min(psutil virtual_memory().available, cgroup limit - cgroup usage).", RANK, "host", "memexporter.host.available"),
     _g("host_limit_bytes", "bytes", "Memory limit for this process: min(physical RAM, cgroup memory.max / memory.limit_in_bytes).", RANK, "host", "memexporter.host.limit"),
     # --- Per-module breakdown (collectors/modules.py), from snapshots published by the training thread.

@@ -25,6 +25,7 @@ class CudaSource(Protocol):
     """What collectors need from ``backends.torch.TorchBackend`` (fakes implement the same)."""
 
     def cuda_devices(self) -> list[int]: ...
+    def device_stats(self) -> dict[int, Mapping[str, int]]: ...
     def memory_stats(self, index: int) -> Mapping[str, int]: ...
     def allocated(self, index: int) -> tuple[int, int]: ...
     def uuid(self, index: int) -> str | None: ...
@@ -90,12 +91,13 @@ class Scrape:
         self.sources = sources
 
     @cached_property
-    def cuda_devices(self) -> list[int]:
-        return self.sources.cuda.cuda_devices()
-
-    @cached_property
     def cuda_stats(self) -> dict[int, Mapping[str, int]]:
-        return {i: self.sources.cuda.memory_stats(i) for i in self.cuda_devices}
+        """``memory_stats()`` of each CUDA device in use, read once for the whole scrape."""
+        return self.sources.cuda.device_stats()
+
+    @property
+    def cuda_devices(self) -> list[int]:
+        return list(self.cuda_stats)
 
     @cached_property
     def nvml(self) -> dict[int, NvmlMemory | None]:
@@ -112,8 +114,12 @@ class Scrape:
     @cached_property
     def views(self) -> dict[str, MemoryView]:
         """``{device label: MemoryView}`` for ``cpu`` and each CUDA device in use (DESIGN.md §4)."""
-        host = self.host
-        views = {"cpu": MemoryView(used=host.rss, limit=host.rss + host.available)}
+        views: dict[str, MemoryView] = {}
+        try:
+            host = self.host
+            views["cpu"] = MemoryView(used=host.rss, limit=host.rss + host.available)
+        except Exception:  # reported by the host collector's own success gauge; CUDA views still count
+            pass
         for i, stats in self.cuda_stats.items():
             reserved = stats.get("reserved_bytes.all.current", 0)
             nv = self.nvml.get(i)
@@ -131,7 +137,9 @@ class Scrape:
         budget = self.sources.config.memory_limit_bytes
         if budget is not None:
             # The soft budget applies to the devices the job trains on: CUDA when it is in use.
-            targets = [d for d in views if d != "cpu"] or ["cpu"]
+            # It can only tighten the limit: a budget above what the device has must not hide
+            # the real OOM.
+            targets = [d for d in views if d != "cpu"] or [d for d in views if d == "cpu"]
             for d in targets:
-                views[d] = MemoryView(used=views[d].used, limit=float(budget))
+                views[d] = MemoryView(used=views[d].used, limit=min(views[d].limit, float(budget)))
         return views

@@ -22,20 +22,26 @@ def _initialized() -> bool:
 class TorchBackend:
     """Reads ``torch.cuda`` for initialised devices. All sizes are bytes."""
 
-    def cuda_devices(self) -> list[int]:
-        """Ordinals of devices the allocator has reserved memory on; ``[]`` if CUDA is not initialised.
+    def device_stats(self) -> dict[int, Mapping[str, int]]:
+        """``{ordinal: memory_stats(ordinal)}`` for devices the allocator has reserved memory on.
 
-        Devices the process never touched are left out, so a rank that trains on ``cuda:3`` reports
-        one device, not eight.
+        One ``memory_stats()`` call per visible device (host-side counters: no context, no sync),
+        and the answer is the scrape's copy, so no device is read twice. Devices the process never
+        touched are left out: a rank that trains on ``cuda:3`` reports one device, not eight.
+        ``{}`` when CUDA is not initialised.
         """
         if not _initialized():
-            return []
-        out = []
+            return {}
+        out: dict[int, Mapping[str, int]] = {}
         for index in range(torch.cuda.device_count()):
-            # memory_stats() reads host-side allocator counters: no context, no sync.
-            if torch.cuda.memory_stats(index).get("reserved_bytes.all.peak", 0) > 0:
-                out.append(index)
+            stats = torch.cuda.memory_stats(index)
+            if stats.get("reserved_bytes.all.peak", 0) > 0:
+                out[index] = stats
         return out
+
+    def cuda_devices(self) -> list[int]:
+        """Ordinals of the devices in use (see ``device_stats``)."""
+        return list(self.device_stats())
 
     def memory_stats(self, index: int) -> Mapping[str, int]:
         """``torch.cuda.memory_stats(index)``: a copy of the allocator's counters, no device sync."""
@@ -44,9 +50,15 @@ class TorchBackend:
         return torch.cuda.memory_stats(index)
 
     def allocated(self, index: int) -> tuple[int, int]:
-        """``(allocated_bytes.all.current, allocated_bytes.all.peak)`` for the step tracker."""
-        stats = self.memory_stats(index)
-        return stats.get("allocated_bytes.all.current", 0), stats.get("allocated_bytes.all.peak", 0)
+        """``(allocated_bytes.all.current, allocated_bytes.all.peak)`` for the step tracker.
+
+        Runs on the training thread several times a step, so it takes the nested dict that
+        ``memory_stats()`` would flatten and sort (~150 keys) and reads the two numbers it needs.
+        """
+        if not _initialized():
+            return 0, 0
+        alloc = torch.cuda.memory_stats_as_nested_dict(index).get("allocated_bytes", {}).get("all", {})
+        return int(alloc.get("current", 0)), int(alloc.get("peak", 0))
 
     def uuid(self, index: int) -> str | None:
         """The device UUID as NVML spells it (``GPU-xxxxxxxx-...``), from ``get_device_properties``."""

@@ -54,6 +54,27 @@ class _Device:
     high_water: int  # lifetime high-water mark at the last boundary
     last_used: int  # used at the last boundary
     step_max: int  # highest sample since the last boundary
+    excursion: int = 0  # peak minus the step's starting used, at the last exact measurement
+
+
+def _step_peak(dev: _Device, used: int, high_water: int) -> int:
+    """The peak of the step that just ended on ``dev`` (bytes); updates ``dev.excursion``.
+
+    - The high-water mark rose: the step's peak *is* the new mark (exact). Remember how far above
+      the step's start it went: activations and temporaries, the excursion.
+    - It fell: the user reset their peak stats during the step. The mark since the reset and the
+      samples bound the peak from below.
+    - It stayed: the usual steady state. The step went about as far above its start as the last
+      exactly measured step did, so estimate ``start + excursion``, capped by the lifetime mark
+      (no step can exceed it) and never below a sample.
+    """
+    samples = max(dev.step_max, dev.last_used, used)
+    if high_water > dev.high_water:
+        dev.excursion = max(0, high_water - dev.last_used)
+        return high_water
+    if high_water < dev.high_water:
+        return max(high_water, samples)
+    return max(samples, min(high_water, dev.last_used + dev.excursion))
 
 
 class StepTracker:
@@ -69,9 +90,13 @@ class StepTracker:
         self.steps = 0
         self.errors = 0
 
-    def _read(self) -> dict[str, tuple[int, int]]:
-        """``{device: (used, lifetime high-water mark)}`` for cpu and each CUDA device in use."""
-        if self.steps % _DEVICE_REFRESH_STEPS == 0:
+    def _read(self, refresh: bool = False) -> dict[str, tuple[int, int]]:
+        """``{device: (used, lifetime high-water mark)}`` for cpu and each CUDA device in use.
+
+        Only a step boundary may rescan the devices (a scan reads every visible device's stats);
+        intra-step samples reuse the last list.
+        """
+        if refresh and self.steps % _DEVICE_REFRESH_STEPS == 0:
             self._cuda_indices = self._cuda.cuda_devices()
         out = {"cpu": (self._host.rss(), self._host_peak())}
         for i in self._cuda_indices:
@@ -94,7 +119,7 @@ class StepTracker:
         """Mark a step boundary: append ``(step, t, baseline, peak)`` per device."""
         try:
             now = self._clock()
-            readings = self._read()
+            readings = self._read(refresh=True)
             with self._lock:
                 self.steps += 1
                 for name, (used, high_water) in readings.items():
@@ -102,8 +127,7 @@ class StepTracker:
                     if dev is None:
                         # First boundary for this device: nothing to compare the high-water mark with.
                         dev = self._devices[name] = _Device(TrendWindow(self._window, self._warmup), high_water, used, used)
-                    # A risen high-water mark is the step's exact peak; else the best sample.
-                    peak = high_water if high_water > dev.high_water else max(dev.step_max, dev.last_used, used)
+                    peak = _step_peak(dev, used, high_water)
                     dev.window.add(self.steps, now, float(used), float(peak))
                     dev.high_water, dev.last_used, dev.step_max = high_water, used, used
         except Exception:
@@ -125,24 +149,29 @@ class StepTracker:
 _active: StepTracker | None = None
 _owner_pid = os.getpid()
 _manual = False
+_auto = False
 _primary: weakref.ref[Any] | None = None
-_hook_handles: list[Any] = []
+_hooks_installed = False
 
 
 def activate(tracker: StepTracker | None, auto_step: bool) -> None:
-    """Install (or, with ``None``, remove) the process's tracker and the global optimizer hooks."""
-    global _active, _owner_pid, _primary, _manual
-    for handle in _hook_handles:
-        handle.remove()
-    _hook_handles.clear()
-    _active, _owner_pid, _primary = tracker, os.getpid(), None
+    """Make ``tracker`` the process's tracker (``None``: none) and install the global hooks once.
+
+    The global optimizer hooks are registered on first use and never removed: ``Optimizer.step``
+    iterates torch's global hook dicts live, so adding or removing one from another thread (a
+    ``stop()`` from a timer, say) can raise "OrderedDict mutated during iteration" into training.
+    With no tracker the hooks return at once.
+    """
+    global _active, _owner_pid, _primary, _manual, _auto, _hooks_installed
+    _active, _owner_pid, _primary, _auto = tracker, os.getpid(), None, auto_step
     if tracker is None:
         _manual = False  # a stopped exporter forgets the manual mode with everything else
-    if tracker is not None and auto_step:
+    elif not _hooks_installed:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        _hook_handles.append(register_optimizer_step_pre_hook(_on_pre_step))
-        _hook_handles.append(register_optimizer_step_post_hook(_on_post_step))
+        register_optimizer_step_pre_hook(_on_pre_step)
+        register_optimizer_step_post_hook(_on_post_step)
+        _hooks_installed = True
 
 
 def _tracker() -> StepTracker | None:
@@ -166,13 +195,13 @@ def _is_primary(optimizer: object) -> bool:
 
 def _on_pre_step(optimizer: object, args: object, kwargs: object) -> None:
     tracker = _tracker()
-    if tracker is not None and not _manual:
+    if tracker is not None and _auto and not _manual:
         tracker.sample()  # gradients are alive here: often close to the step's peak
 
 
 def _on_post_step(optimizer: object, args: object, kwargs: object) -> None:
     tracker = _tracker()
-    if tracker is None or _manual:
+    if tracker is None or not _auto or _manual:
         return
     try:
         primary = _is_primary(optimizer)

@@ -46,6 +46,9 @@ class FakeCuda:
     def cuda_devices(self) -> list[int]:
         return sorted(self.stats)
 
+    def device_stats(self) -> dict[int, Mapping[str, int]]:
+        return {i: self.memory_stats(i) for i in sorted(self.stats)}
+
     def memory_stats(self, index: int) -> Mapping[str, int]:
         self.calls += 1
         return self.stats[index]

@@ -11,7 +11,18 @@ from memexporter.collectors.allocator import KEYS, AllocatorCollector, fragmenta
 from memexporter.collectors.device import DeviceCollector
 from memexporter.registry import MemexporterCollector
 from memexporter.scrape import Scrape
-from tests.unit.fakes import SYNTHETIC_STATS, FakeCuda, FakeNvml, GiB, MiB, one_gpu, registry_for, sources, with_host
+from tests.unit.fakes import (
+    SYNTHETIC_STATS,
+    FakeCuda,
+    FakeHost,
+    FakeNvml,
+    GiB,
+    MiB,
+    one_gpu,
+    registry_for,
+    sources,
+    with_host,
+)
 
 
 def value(reg: CollectorRegistry, metric: str, **labels: str) -> float | None:
@@ -151,3 +162,21 @@ def test_collector_duration_is_recorded() -> None:
     reg = registry_for(sources())
     d = value(reg, "memexporter_collector_duration_seconds", rank="3", collector="host")
     assert d is not None and 0 <= d < 1
+
+
+def test_budget_above_the_real_limit_does_not_hide_the_oom() -> None:
+    cuda, nvml = one_gpu()  # real limit: 4 GiB reserved + 70 GiB free
+    reg = registry_for(sources(cuda, nvml, memory_limit_bytes=200 * GiB))
+    assert value(reg, "memexporter_memory_limit_bytes", rank="3", device="cuda:0") == 74 * GiB
+
+
+def test_failing_host_backend_keeps_cuda_views() -> None:
+    class BrokenHost(FakeHost):
+        def sample(self):  # type: ignore[no-untyped-def]
+            raise OSError("synthetic /proc failure")
+
+    cuda, nvml = one_gpu()
+    reg = registry_for(sources(cuda, nvml, BrokenHost()))
+    assert value(reg, "memexporter_collector_success", rank="3", collector="host") == 0
+    assert value(reg, "memexporter_collector_success", rank="3", collector="memory") == 1
+    assert value(reg, "memexporter_memory_used_bytes", rank="3", device="cuda:0") == 3 * GiB

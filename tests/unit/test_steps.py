@@ -134,3 +134,63 @@ def test_hooks_removed_on_deactivate() -> None:
     model = torch.nn.Linear(8, 8)
     _train(torch.optim.SGD(model.parameters(), lr=0.1), model)
     assert t.steps == 0
+
+
+def test_user_peak_reset_does_not_collapse_the_peak() -> None:
+    # torchtitan and HF trackers call reset_peak_memory_stats(): the mark falls mid-step.
+    host = ScriptedHost(hwm=900 * MiB, used=100 * MiB)
+    t = tracker(host)
+    t.step()
+    host.used = 400 * MiB
+    t.sample()
+    host.hwm, host.used = 700 * MiB, 110 * MiB  # reset, then the step peaked at 700 MiB
+    t.step()
+    assert last(t) == (110 * MiB, 700 * MiB)
+
+
+def test_steady_state_peak_estimated_from_the_last_exact_excursion() -> None:
+    # Step 2 measured exactly: it went 300 MiB above its start. Later steps do the same but the
+    # lifetime mark no longer rises; the boundaries alone would say "100 MiB".
+    host = ScriptedHost(hwm=100 * MiB, used=100 * MiB)
+    t = tracker(host)
+    t.step()
+    host.hwm = 400 * MiB
+    t.step()
+    assert last(t) == (100 * MiB, 400 * MiB)
+    for _ in range(3):
+        t.step()
+        assert last(t) == (100 * MiB, 400 * MiB)
+    host.used = 150 * MiB  # the baseline grew by 50 MiB but the mark did not rise: capped by it
+    t.step()
+    host.used = 150 * MiB
+    t.step()
+    assert last(t) == (150 * MiB, 400 * MiB)
+
+
+def test_stop_from_another_thread_while_training_never_raises_into_step() -> None:
+    # The global hooks stay registered; activate() only swaps the tracker, so torch's hook dicts
+    # are never mutated while Optimizer.step iterates them.
+    import threading
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    other = register_optimizer_step_pre_hook(lambda *a: None)  # a user's own global hook
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            steps.activate(tracker(ScriptedHost()), auto_step=True)
+            steps.activate(None, auto_step=False)
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        for _ in range(300):
+            _train(opt, model)
+    finally:
+        stop.set()
+        flipper.join()
+        other.remove()
+        steps.activate(None, auto_step=False)
