@@ -8,6 +8,7 @@ worker) it does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -64,9 +65,9 @@ class Exporter:
     def stop(self) -> None:
         """Stop serving, free the port, and remove every hook this exporter installed."""
         global _running
+        if os.getpid() != self.pid:
+            return
         with _lock:
-            if os.getpid() != self.pid:
-                return
             for handle in self.tracked:
                 handle.remove()
             self.tracked.clear()
@@ -97,36 +98,59 @@ def running() -> Exporter | None:
     return r if r is not None and r.pid == os.getpid() else None
 
 
+def _port_for_rank(config: Config, ident: Identity) -> int:
+    """``port + LOCAL_RANK`` (0 stays 0: a free port), validated with errors that name the inputs."""
+    try:
+        local_rank = int(ident.local_rank)
+    except ValueError:
+        raise ValueError(f"memexporter: LOCAL_RANK must be an integer, got {ident.local_rank!r}") from None
+    if local_rank < 0:
+        raise ValueError(f"memexporter: LOCAL_RANK must be >= 0, got {local_rank}")
+    if not config.port:
+        return 0
+    if config.port + local_rank > 65535:
+        raise ValueError(f"memexporter: port {config.port} + LOCAL_RANK {local_rank} is above 65535; lower the base port")
+    return config.port + local_rank
+
+
 def start(model: Any = None, optimizer: Any = None, **settings: Any) -> Exporter:
     """See ``memexporter.start``."""
     global _running
     config = Config.resolve(settings)  # bad values raise before anything starts
+    if _running is not None and _running.pid != os.getpid():
+        # A forked child inherited the parent's exporter: it must not serve or hook anything.
+        return Exporter(config, _running.sources, _running.registry, None)
     with _lock:
-        if _running is not None and _running.pid != os.getpid():
-            # A forked child inherited the parent's exporter: it must not serve or hook anything.
-            return Exporter(config, _running.sources, _running.registry, None)
         if _running is not None:
             log.warning("memexporter: already running at %s; start() returns the running exporter", _running.url)
-            return _running
-        from memexporter.backends.host import HostBackend
-        from memexporter.backends.nvml import NvmlBackend
-        from memexporter.backends.torch import TorchBackend
+            exporter = _running
+        else:
+            exporter = _start_locked(config)
+            _running = exporter
+        if model is not None:
+            # Also on an exporter that already runs (MEMEXPORTER_AUTOSTART, `memexporter run`):
+            # the model asked for must be tracked. Under the lock, so a concurrent stop() removes it.
+            from memexporter.tracking.modules import track
 
-        ident = identity()
-        cuda, host = TorchBackend(), HostBackend()
-        tracker = steps.StepTracker(cuda, host, window=config.leak_window, warmup_steps=config.warmup_steps)
-        sources = Sources(ident, config, cuda, NvmlBackend(), host, tracker, __version__)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(MemexporterCollector(catalogue(), sources))
-        port = config.port + int(ident.local_rank) if config.port else 0
-        server = _bind(registry, config, port)
-        exporter = Exporter(config, sources, registry, server)
-        steps.activate(tracker, auto_step=config.auto_step)
-        _running = exporter
-    if model is not None:
-        from memexporter.tracking.modules import track
+            exporter.tracked.append(track(model, optimizer))
+    return exporter
 
-        exporter.tracked.append(track(model, optimizer))
+
+def _start_locked(config: Config) -> Exporter:
+    from memexporter.backends.host import HostBackend
+    from memexporter.backends.nvml import NvmlBackend
+    from memexporter.backends.torch import TorchBackend
+
+    ident = identity()
+    port = _port_for_rank(config, ident)
+    cuda, host = TorchBackend(), HostBackend()
+    tracker = steps.StepTracker(cuda, host, window=config.leak_window, warmup_steps=config.warmup_steps)
+    sources = Sources(ident, config, cuda, NvmlBackend(), host, tracker, __version__)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MemexporterCollector(catalogue(), sources))
+    server = _bind(registry, config, port)
+    exporter = Exporter(config, sources, registry, server)
+    steps.activate(tracker, auto_step=config.auto_step)
     if server is not None:
         log.info("memexporter: serving %s (rank %s)", exporter.url, ident.rank)
     return exporter
@@ -155,8 +179,16 @@ def stop() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The server thread does not survive fork; make sure nothing in the child believes it runs.
-    # (running() and the hooks also compare pids, for forks that bypass os.fork.)
+    # The server thread does not survive fork, but its listening socket does: a DataLoader worker
+    # holding it would keep the port bound after the parent's stop(), and new connections would
+    # queue unanswered. Close the child's copy (the parent's stays open). A lock another thread
+    # held at fork time would never be released in the child: make a new one.
+    global _lock
+    _lock = threading.RLock()
+    r = _running
+    if r is not None and r._server is not None:
+        with contextlib.suppress(OSError):
+            r._server.httpd.socket.close()
     steps.activate(None, auto_step=False)
 
 

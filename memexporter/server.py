@@ -1,22 +1,33 @@
-"""The HTTP endpoint, on prometheus_client's WSGI server (no hand-written HTTP parsing).
+"""The HTTP endpoint, on prometheus_client's WSGI machinery (no hand-written HTTP parsing).
 
-``start_wsgi_server`` brings the threaded WSGI server, IPv6 and TLS. Its app serves metrics on
-every path, so we swap in a small router: ``/metrics`` (text, or OpenMetrics when the scraper's
-``Accept`` asks for it, negotiated by prometheus_client), ``/`` (a landing page) and
-``/healthz``; anything else is a 404. Malformed requests are answered 400 by wsgiref, and the
-server keeps serving.
+prometheus_client's ``ThreadingWSGIServer`` (one thread per request) and ``make_wsgi_app`` (text,
+or OpenMetrics when the scraper's ``Accept`` asks for it) behind a small router: ``/metrics``,
+``/`` (a landing page), ``/healthz``; anything else is a 404. Malformed requests get a 400 and
+the server keeps serving.
+
+Why not ``start_wsgi_server`` itself: it wraps the *listening* socket in TLS, so the handshake
+runs inside ``accept()`` on the one serving thread with no timeout, and one idle TCP connection
+(a port scanner, a load balancer's pre-connect) blocks every scrape and makes ``stop()`` hang.
+Here the handshake runs per connection, in that connection's thread, with a timeout.
 """
 
 from __future__ import annotations
 
 import html
+import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app, start_wsgi_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+# Seconds a connection may take for its TLS handshake or sit idle before it is dropped, so idle
+# clients cannot pin request threads forever.
+CONNECTION_TIMEOUT = 10.0
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -43,14 +54,18 @@ def router(metrics_app: WSGIApp, title: str) -> WSGIApp:
         if method not in ("GET", "HEAD"):
             start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Type", "text/plain")])
             return [b"method not allowed\n"]
+        head = method == "HEAD"
         if path == "/metrics":
+            if head:  # prometheus_client answers HEAD with 405: ask it for GET, send no body
+                list(metrics_app({**environ, "REQUEST_METHOD": "GET"}, start_response))
+                return []
             return metrics_app(environ, start_response)
         if path == "/healthz":
             start_response("200 OK", [("Content-Type", "text/plain")])
-            return [b"ok\n"]
+            return [] if head else [b"ok\n"]
         if path in ("", "/"):
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [landing]
+            return [] if head else [landing]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found; try /metrics\n"]
 
@@ -67,6 +82,10 @@ def _strict_handler(base: type[WSGIRequestHandler]) -> type[WSGIRequestHandler]:
 
     class StrictHandler(base):  # type: ignore[valid-type,misc]
         default_request_version = "HTTP/1.0"
+        timeout = CONNECTION_TIMEOUT
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # an access log line per scrape would flood the training job's stderr
 
         def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
             if self.command is None:  # still parsing the request line: the client's fault
@@ -92,10 +111,40 @@ class Server:
         self.thread.join(timeout=5)
 
 
+def _tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2  # Prometheus' own floor
+    context.load_cert_chain(certfile, keyfile)
+    return context
+
+
+def _server_class(addr: str, port: int, context: ssl.SSLContext | None) -> type[ThreadingWSGIServer]:
+    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+        def finish_request(self, request: Any, client_address: Any) -> None:
+            # Runs in the connection's own thread (ThreadingMixIn), so a slow or silent client
+            # only ever blocks itself.
+            if context is not None:
+                request.settimeout(CONNECTION_TIMEOUT)
+                try:
+                    request = context.wrap_socket(request, server_side=True)
+                except (OSError, ValueError):
+                    return  # failed or timed-out handshake: drop this connection only
+            super().finish_request(request, client_address)
+
+    return Server
+
+
 def serve(registry: CollectorRegistry, port: int, addr: str, certfile: str | None = None,
           keyfile: str | None = None, title: str = "memexporter") -> Server:
     """Bind and serve in a daemon thread. Raises ``OSError`` when the port is taken."""
-    httpd, thread = start_wsgi_server(port, addr=addr, registry=registry, certfile=certfile, keyfile=keyfile)
-    httpd.RequestHandlerClass = _strict_handler(httpd.RequestHandlerClass)  # type: ignore[arg-type]
-    httpd.set_app(router(make_wsgi_app(registry), title))
+    context = _tls_context(certfile, keyfile) if certfile and keyfile else None
+    app = router(make_wsgi_app(registry), title)
+    handler = _strict_handler(WSGIRequestHandler)
+    httpd = make_server(addr, port, app, _server_class(addr, port, context), handler_class=handler)
+    thread = threading.Thread(target=httpd.serve_forever, name="memexporter-http", daemon=True)
+    thread.start()
     return Server(httpd=httpd, thread=thread, addr=addr, port=int(httpd.server_port))

@@ -225,3 +225,71 @@ def test_raising_collector_over_http_costs_only_its_series(monkeypatch: pytest.M
     assert 'memexporter_collector_success{collector="memory",rank="0"} 1.0' in body
     assert "memexporter_host_rss_bytes" not in body
     assert 'memexporter_memory_used_bytes{device="cpu",rank="0"}' in body
+
+
+def test_head_requests() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    for path in ("/metrics", "/healthz", "/"):
+        req = urllib.request.Request(base(exp) + path, method="HEAD")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert r.status == 200, path
+            assert r.read() == b"", path
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+def test_idle_client_does_not_block_tls_scrapes_or_stop(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    exp = memexporter.start(port=0, addr="127.0.0.1", certfile=str(cert), keyfile=str(key))
+    ctx = ssl.create_default_context(cafile=str(cert))
+    ctx.check_hostname = False
+    with socket.create_connection(("127.0.0.1", exp.port)):  # connects, never says hello
+        t0 = time.monotonic()
+        assert get(f"https://127.0.0.1:{exp.port}/metrics", context=ctx)[0] == 200
+        assert time.monotonic() - t0 < 5
+        stopper = threading.Thread(target=exp.stop)
+        stopper.start()
+        stopper.join(timeout=10)
+        assert not stopper.is_alive(), "stop() hung behind an idle TLS client"
+
+
+def test_forked_child_does_not_keep_the_port_after_stop() -> None:
+    port = free_port()
+    exp = memexporter.start(port=port, addr="127.0.0.1")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker that outlives the parent's stop()
+        os.read(read, 1)
+        os._exit(0)
+    try:
+        exp.stop()
+        # the port is free again at once: the child closed its inherited listening socket
+        again = memexporter.start(port=port, addr="127.0.0.1", strict=True)
+        assert again.port == port
+    finally:
+        os.write(write, b"x")
+        os.waitpid(pid, 0)
+
+
+def test_start_with_model_on_a_running_exporter_tracks_it() -> None:
+    memexporter.start(port=0, addr="127.0.0.1")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    exp = memexporter.start(port=0, addr="127.0.0.1", model=model)
+    assert len(exp.tracked) == 1
+    body = get(base(exp) + "/metrics")[2]
+    assert "memexporter_module_parameter_bytes" in body
+    exp.stop()
+    assert exp.tracked == []
+
+
+@pytest.mark.parametrize(("env", "match"), [({"LOCAL_RANK": "abc"}, "LOCAL_RANK"), ({"LOCAL_RANK": "7"}, "65535")])
+def test_bad_local_rank_or_port_overflow_is_a_clear_error(env: dict[str, str], match: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=match):
+        memexporter.start(port=65530, addr="127.0.0.1")
