@@ -35,19 +35,35 @@ def _run(args: argparse.Namespace) -> int:
         print("memexporter run: name a script (memexporter run train.py) or a module (-m pkg.train)", file=sys.stderr)
         return 2
     memexporter.start(**settings)
-    # The script sees itself as __main__ with its own argv, as under `python script.py`.
+    # The script sees itself as __main__ with its own argv and sys.path[0], as under
+    # `python script.py` (the script's folder) or `python -m pkg.mod` (the working directory);
+    # from the console script, sys.path[0] would otherwise be the virtualenv's bin/.
     sys.argv = [target, *args.args]
+    sys.path[0] = os.getcwd() if args.module else os.path.dirname(os.path.abspath(target))
     try:
         if args.module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)  # sys.exit("message"): Python prints it and exits 1
+        return 1
     finally:
         memexporter.stop()
     return 0
+
+
+def _configure_logging(level: str) -> None:
+    """Configure memexporter's own logger only: the user's script owns the root logger, and its
+    own ``logging.basicConfig()`` must still take effect under ``memexporter run``."""
+    logger = logging.getLogger("memexporter")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return rules.main(argv[1:])
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _configure_logging(args.log_level)
     try:
         if args.command == "demo":
             from memexporter.demo import run as run_demo

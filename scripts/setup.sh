@@ -22,7 +22,8 @@ as_root() {
 apt_install() {
   say "installing Debian packages: $*"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  # --no-install-recommends: prometheus recommends node-exporter and its services; we need the binaries.
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
@@ -40,10 +41,14 @@ VPY="$VENV/bin/python"
 "$VPY" -m pip install -q --upgrade pip >/dev/null
 
 # torch: keep the one that is there (a user's CUDA build must survive); otherwise a CPU build.
-# A plain `pip install torch` would pull several GB of CUDA wheels.
+# A plain `pip install torch` from PyPI pulls the CUDA build and several GB of nvidia-* wheels, so
+# ask for the +cpu local version, which only PyTorch's CPU index (or a local wheel cache) has;
+# dependencies still come from PyPI. Where neither serves it, fall back to PyPI's build.
 if ! "$VPY" -c 'import torch' 2>/dev/null; then
   say "installing torch==$TORCH_VERSION (CPU build)"
-  "$VPY" -m pip install -q "torch==$TORCH_VERSION"
+  "$VPY" -m pip install -q --extra-index-url "${MEMEXPORTER_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
+      --timeout 15 --retries 1 "torch==$TORCH_VERSION+cpu" 2> >(grep -v -e 'Retrying' -e 'Location' >&2) \
+    || { say "no CPU build of torch $TORCH_VERSION found; installing PyPI's (large)"; "$VPY" -m pip install -q "torch==$TORCH_VERSION"; }
 fi
 
 extras=""

@@ -10,29 +10,39 @@ import os
 import sys
 
 _TRUE = {"1", "true", "yes", "on"}
+# Launchers start the training processes but never train themselves; they would bind port + 0
+# first and leave local rank 0 without its port.
+_LAUNCHERS = {"torchrun", "accelerate", "deepspeed", "lightning", "memexporter", "pip", "pip3"}
+_LAUNCHER_MODULES = {"torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
+                     "deepspeed.launcher.runner", "memexporter", "pip"}
 
 
 def _should_start(orig_argv: list[str]) -> bool:
-    """Start in training processes only: not torchrun's launcher, not a multiprocessing child,
-    not the memexporter command (which starts the exporter itself when it should)."""
+    """Start in training processes only: a script or a module, not a launcher (torchrun,
+    accelerate, deepspeed...), not ``python -c`` (multiprocessing's spawn, forkserver and
+    resource_tracker helpers all start that way), not the memexporter command (which starts the
+    exporter itself when it should)."""
     if os.environ.get("MEMEXPORTER_AUTOSTART", "").strip().lower() not in _TRUE:
         return False
     args = orig_argv[1:]
-    program = os.path.basename(args[0]) if args else ""
-    if program in ("torchrun", "memexporter"):
+    if "-c" in args or "--multiprocessing-fork" in args:
         return False
     if "-m" in args:
-        module = args[args.index("-m") + 1] if args.index("-m") + 1 < len(args) else ""
-        if module in ("torch.distributed.run", "torch.distributed.launch", "memexporter", "pip"):
-            return False
-    return "--multiprocessing-fork" not in args and not any("multiprocessing" in a and "spawn" in a for a in args)
+        i = args.index("-m")
+        return i + 1 < len(args) and args[i + 1] not in _LAUNCHER_MODULES
+    program = next((a for a in args if not a.startswith("-")), "")
+    return bool(program) and os.path.basename(program) not in _LAUNCHERS
 
 
 def _chain() -> None:
-    # Another sitecustomize further down sys.path (a distribution's, say) still runs.
-    here = os.path.dirname(os.path.abspath(__file__))
+    # Another sitecustomize further down sys.path (a distribution's, say) still runs. Compare real
+    # paths: the bootstrap folder may be on PYTHONPATH twice, once through a symlink.
+    if getattr(sys, "_memexporter_bootstrap_chained", False):
+        return
+    sys._memexporter_bootstrap_chained = True  # type: ignore[attr-defined]
+    here = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
     for entry in sys.path:
-        if os.path.abspath(entry or ".") == here:
+        if os.path.realpath(entry or ".") == here:
             continue
         candidate = os.path.join(entry or ".", "sitecustomize.py")
         if os.path.isfile(candidate):

@@ -50,15 +50,40 @@ def test_run_script_with_options_and_exit_code(tmp_path: Path) -> None:
     assert f"script-args ['{port}', '7'] name __main__" in out.stdout
 
 
-def test_run_module(tmp_path: Path) -> None:
+def _entry_point() -> str:
+    import shutil
+
+    found = shutil.which("memexporter", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip(f"needs the memexporter command beside {sys.executable} (pip install -e .)")
+    return found
+
+
+def test_run_module_from_the_console_script(tmp_path: Path) -> None:
+    # As a user types it, from the folder that holds the package: sys.path[0] must be that folder.
     pkg = tmp_path / "mytrain"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "main.py").write_text(SCRIPT)
     port = free_port()
-    out = run([sys.executable, "-m", "memexporter", "run", "--port", str(port), "-m", "mytrain.main", str(port), "0"],
-              env={"PYTHONPATH": f"{REPO_ROOT}:{tmp_path}"})
+    out = run([_entry_point(), "run", "--port", str(port), "-m", "mytrain.main", str(port), "0"], cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_run_leaves_the_scripts_logging_and_exit_message_alone(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(
+        """
+        import logging, sys
+        logging.basicConfig(level=logging.DEBUG, format="USER %(message)s")
+        logging.getLogger("train").debug("debug line")
+        sys.exit("fatal: out of patience")
+        """
+    ))
+    out = run([_entry_point(), "run", "--port", "0", "--addr", "127.0.0.1", str(script)])
+    assert out.returncode == 1
+    assert "USER debug line" in out.stderr, "the script's own basicConfig took effect"
+    assert "fatal: out of patience" in out.stderr
 
 
 def test_run_rejects_a_bad_option_value(tmp_path: Path) -> None:
@@ -98,6 +123,12 @@ def test_bootstrap_skips_torchrun_launcher_and_reports_bad_values(tmp_path: Path
         (["python", "/venv/bin/torchrun", "--nproc_per_node=2", "train.py"], False),
         (["python", "-m", "torch.distributed.run", "train.py"], False),
         (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()", "--multiprocessing-fork"], False),
+        (["python", "-c", "from multiprocessing.forkserver import main; main(3, 4)"], False),
+        (["python", "/venv/bin/accelerate", "launch", "train.py"], False),
+        (["python", "-m", "deepspeed.launcher.runner", "train.py"], False),
+        (["python", "-u", "train.py"], True),
+        (["python", "-m", "pkg.train"], True),
+        (["python"], False),
         (["python", "/venv/bin/memexporter", "rules"], False),
         (["python", "-m", "pip", "install", "x"], False),
     ],
