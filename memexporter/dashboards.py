@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from memexporter.metrics import BY_NAME
+from memexporter.rules import PEER_LABELS
 
 JSON = dict[str, Any]
 DS: JSON = {"type": "prometheus", "uid": "${datasource}"}
@@ -157,17 +158,20 @@ def _modules() -> list[Panel]:
 
 def _ranks() -> list[Panel]:
     peak, limit = m("memory_peak_bytes"), m("memory_limit_bytes")
-    spread = f"max by (job, device_kind) ({by_kind(peak)}) - min by (job, device_kind) ({by_kind(peak)})"
+    # Peers are the ranks of one training run on one kind of device, as in the alert rules.
+    peers = ", ".join((*PEER_LABELS, "device_kind"))
+    spread = f"max by ({peers}) ({by_kind(peak)}) - min by ({peers}) ({by_kind(peak)})"
     # What MemexporterRankImbalance measures (on the step peak, without its median smoothing).
-    excess = (f"({by_kind(peak)} - on (job, device_kind) group_left () "
-              f"quantile by (job, device_kind) (0.5, {by_kind(peak)})) / ignoring (device_kind) {limit}")
+    excess = (f"({by_kind(peak)} - on ({peers}) group_left () "
+              f"quantile by ({peers}) (0.5, {by_kind(peak)})) / ignoring (device_kind) {limit}")
     return [
         Panel("Step peak per rank", "bargauge", "bytes",
               "Do the ranks peak at the same level? The last step's peak per rank, side by side.",
               ((f"max by (rank, device) ({peak})", "r{{rank}} {{device}}"),), instant=True),
         Panel("Excess over the median rank", "bargauge", "percentunit",
-              "How far above the job's median rank does each rank peak, as a share of its own limit? This is "
-              "what the MemexporterRankImbalance alert watches (it smooths with a median over time).",
+              "How far above the median rank of its training run (same job, namespace and run_id) does each "
+              "rank peak, as a share of its own limit? This is what the MemexporterRankImbalance alert watches "
+              "(it smooths with a median over time).",
               ((excess, "r{{rank}} {{device}}"),), instant=True,
               thresholds=(("green", None), ("orange", 0.1), ("red", 0.25))),
         Panel("Rank closest to its limit", "stat", "percentunit",
@@ -182,8 +186,9 @@ def _ranks() -> list[Panel]:
               "When did the ranks diverge? The step peak of each rank over time.",
               ((peak, "r{{rank}} {{device}}"),)),
         Panel("Peak spread across ranks (max - min)", "timeseries", "bytes",
-              "How far apart are the highest and lowest rank's step peaks, per job and device kind (cpu, cuda)?",
-              ((spread, "{{job}} {{device_kind}}"),)),
+              "How far apart are the highest and lowest rank's step peaks, per training run (job, namespace, "
+              "run_id) and device kind (cpu, cuda)?",
+              ((spread, "{{job}} {{namespace}} {{run_id}} {{device_kind}}"),)),
         Panel("Steps per second per rank", "timeseries", "ops",
               "Is a rank lagging behind? Step rate per rank; in data-parallel jobs they should match.",
               ((f"rate({m('steps_total')}[$__rate_interval])", "r{{rank}}"),), w=24),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,14 @@ _PEAK = "rank_device:memexporter_memory_peak_bytes"
 _UTIL = "rank_device:memexporter_memory_peak_utilisation:ratio"
 _EXCESS = "rank_device:memexporter_memory_peak_excess_over_job_median:ratio"
 _ETA = "rank_device:memexporter_oom_eta_seconds"
+# The labels that name one training run: the ranks that share them are peers (RankImbalance).
+# A label a series lacks groups as empty, so a setup with one run per Prometheus job, no
+# `namespace` and no `run_id` compares exactly the ranks of that job. The example scrape configs
+# set `run_id` (static and file_sd target labels; the PodMonitor from the pod's job-name label).
+PEER_LABELS: tuple[str, ...] = ("job", "namespace", "run_id")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# Per-rank labels (every rank its own peer group: the alert could never fire) and the rule's own.
+_NOT_PEER_LABELS = frozenset({"instance", "pod", "rank", "local_rank", "device", "device_kind"})
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,7 @@ class RulesConfig:
     selector: str = 'job="memexporter"'
     runbook_base_url: str = "https://github.com/memexporter/memexporter/blob/main/alerts/runbook.md"
     critical_severity: str = "critical"  # node-mixin's nodeCriticalSeverity: "warning" never pages
-    peer_labels: str = "job"  # labels naming one training job: its ranks are peers
+    peer_labels: str = ", ".join(PEER_LABELS)  # labels naming one training run: its ranks are peers
     level_window: int = 300  # max_over_time of the step peak: the level every gate reads
     trend_window: int = 3600  # Prometheus-side trend: medians of its two halves, one half apart
     predicted_horizon: int = 7200
@@ -100,6 +109,23 @@ def duration(seconds: int) -> str:
     return out or "0s"
 
 
+def parse_peer_labels(text: str) -> tuple[str, ...]:
+    """``"job, namespace,run_id"`` -> ``("job", "namespace", "run_id")``; ValueError names a bad value."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not text.strip():
+        raise ValueError("memexporter: peer labels must name at least one label, e.g. 'job,run_id'")
+    for name in names:
+        if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+            raise ValueError(f"memexporter: peer label {name!r} (in {text!r}) is not a label name "
+                             "([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)")
+        if name in _NOT_PEER_LABELS:
+            raise ValueError(f"memexporter: peer label {name!r} (in {text!r}) differs between the ranks of one "
+                             f"run; peer labels name the run, e.g. {', '.join(PEER_LABELS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"memexporter: peer labels {text!r} repeat a label")
+    return names
+
+
 def _query(metric: str, fmt: str) -> str:
     """Template text printing ``metric`` for the alert's job/instance/rank/device through ``fmt``."""
     labels = "$labels.job $labels.instance $labels.rank $labels.device"
@@ -116,6 +142,7 @@ def _params(c: RulesConfig) -> dict[str, str]:
     half = c.trend_window // 2
     p.update(
         sel=c.selector, half=duration(half), half_s=str(half),
+        peer_labels=", ".join(parse_peer_labels(c.peer_labels)),
         who="Rank {{ $labels.rank }} of job {{ $labels.job }} on {{ $labels.instance }} ({{ $labels.device }})",
         util=_query(_UTIL, "{{ $v | humanizePercentage }}"),
         eta=_query(f"{_ETA}:min",
@@ -163,8 +190,9 @@ def _recording() -> list[Rule]:
              f"(\n    {kind}\n  - on(%(peer_labels)s, device_kind) group_left()\n"
              f"    quantile by (%(peer_labels)s, device_kind) (0.5, {kind})\n"
              ")\n/ ignoring(device_kind)\nmemexporter_memory_limit_bytes{%(sel)s}",
-             "How far each rank's typical peak sits above the median rank of its job on the same kind of\n"
-             "device (cuda or cpu), as a fraction of its own limit."),
+             "How far each rank's typical peak sits above the median rank of its peers (the series that\n"
+             "share the peer labels: one training run) on the same kind of device (cuda or cpu), as a\n"
+             "fraction of its own limit. A peer label a series lacks counts as empty."),
     ]
 
 
@@ -221,7 +249,8 @@ def _alerts(c: RulesConfig) -> list[Rule]:
              "Medians over half the trend window, so an evaluation spike on rank 0 does not count.",
              c.imbalance_for, "warning", "One rank uses far more memory than its peers.",
              "%(who)s has a typical per-step peak {{ $value | humanizePercentage }} of its limit above the "
-             "median rank of its job. The job runs out of memory when this rank does."),
+             "median rank of its training run (peers share %(peer_labels)s). The whole run stops when this rank "
+             "runs out of memory."),
         Rule("MemexporterCollectorFailing",
              "avg_over_time(memexporter_collector_success{%(sel)s}[%(collector_window)s])"
              " < %(collector_min_success)s",
@@ -273,7 +302,7 @@ def render_config(c: RulesConfig, preset: str = "custom") -> str:
 
 
 def render(preset: str = "default", selector: str | None = None, critical_severity: str | None = None,
-           runbook_base_url: str | None = None) -> str:
+           runbook_base_url: str | None = None, peer_labels: str | None = None) -> str:
     """Render ``preset`` with optional overrides (``None`` keeps the preset's value)."""
     if preset not in PRESETS:
         raise ValueError(f"memexporter: unknown rules preset {preset!r}; known: {sorted(PRESETS)}")
@@ -281,7 +310,8 @@ def render(preset: str = "default", selector: str | None = None, critical_severi
     c = dataclasses.replace(
         c, selector=c.selector if selector is None else selector,
         critical_severity=c.critical_severity if critical_severity is None else critical_severity,
-        runbook_base_url=c.runbook_base_url if runbook_base_url is None else runbook_base_url)
+        runbook_base_url=c.runbook_base_url if runbook_base_url is None else runbook_base_url,
+        peer_labels=c.peer_labels if peer_labels is None else peer_labels)
     return render_config(c, preset)
 
 
@@ -296,11 +326,15 @@ def main(argv: list[str] | None = None) -> int:
                         f"(default: {default_selector})")
     parser.add_argument("--critical-severity", choices=SEVERITIES, help="severity of MemexporterOOMImminent "
                         "(warning: never page)")
+    parser.add_argument("--peer-labels", metavar="LABELS",
+                        help="comma-separated labels that name one training run; MemexporterRankImbalance "
+                        "compares the ranks that share them, and a label a series lacks counts as empty "
+                        f"(default: {RulesConfig.peer_labels.replace(' ', '')})")
     parser.add_argument("--runbook-url", help="base URL of runbook.md; the anchor #<alertname lowercased> is appended")
     parser.add_argument("--output", metavar="FILE", help="write to FILE instead of stdout")
     args = parser.parse_args(argv)
     try:
-        text = render(args.preset, args.selector, args.critical_severity, args.runbook_url)
+        text = render(args.preset, args.selector, args.critical_severity, args.runbook_url, args.peer_labels)
     except ValueError as exc:
         parser.error(str(exc))
     if args.output:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from memexporter.rules import PEER_LABELS
 from tests.support import REPO_ROOT
 from tests.support.binaries import require
 from tests.support.prometheus import running_prometheus
@@ -39,6 +40,13 @@ def test_file_sd_glob_matches_the_example_targets() -> None:
     for path in files:
         groups = json.loads(path.read_text(encoding="utf-8"))
         assert all(g["targets"] and g["labels"]["run_id"] for g in groups)
+
+
+def test_static_example_labels_every_target_group_with_a_run() -> None:
+    # Several runs may share the Prometheus job; run_id (a peer label) tells their ranks apart.
+    assert "run_id" in PEER_LABELS
+    (job,) = _load("prometheus.static.yml")["scrape_configs"]
+    assert all(g["labels"]["run_id"] for g in job["static_configs"])
 
 
 @pytest.mark.integration
@@ -76,3 +84,38 @@ def test_podmonitor_has_one_endpoint_per_rank_port() -> None:
         relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
         assert re.fullmatch(relabel["local_rank"]["regex"], endpoint["port"])
         assert relabel["job"]["replacement"] == "memexporter"
+        # Every pod lands in job="memexporter": run_id (a peer label) must come from a per-run label.
+        assert "run_id" in PEER_LABELS
+        assert relabel["run_id"]["sourceLabels"] == ["__meta_kubernetes_pod_label_job_name"]
+        assert set(relabel["run_id"]) <= {"sourceLabels", "targetLabel"}  # default action: replace with $1
+    assert pod["metadata"]["labels"]["job-name"], "the pod template should carry the label run_id comes from"
+
+
+def _podmonitor_as_scrape_config(endpoint: dict[str, Any]) -> dict[str, Any]:
+    """A PodMonitor endpoint's relabelings as a scrape config's relabel_configs, as the operator writes them."""
+    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return {"relabel_configs": [{keys.get(k, k): v for k, v in r.items()} for r in endpoint["relabelings"]]}
+
+
+@pytest.mark.integration
+def test_real_prometheus_applies_the_podmonitor_relabelings() -> None:
+    """The PodMonitor's relabelings in a real Prometheus, fed the meta labels Kubernetes service
+    discovery would give two pods of two runs (static targets may carry __meta_ labels)."""
+    monitor = _load("podmonitor.yaml")
+    configs = []
+    for i, endpoint in enumerate(monitor["spec"]["podMetricsEndpoints"][:2]):
+        groups = [{"targets": [f"10.0.{n}.1:{9400 + i}"],
+                   "labels": {"__meta_kubernetes_namespace": "ml",
+                              "__meta_kubernetes_pod_label_job_name": run,
+                              "__meta_kubernetes_pod_container_port_name": endpoint["port"]}}
+                  for n, run in enumerate(("train-exp42", "sweep-17"))]
+        configs.append({"job_name": f"podmonitor-{i}", "static_configs": groups}
+                       | _podmonitor_as_scrape_config(endpoint))
+    with running_prometheus([], extra_scrape_configs=configs, scrape_interval="5s") as prom:
+        deadline = time.monotonic() + 30
+        while len(targets := prom.targets()) < 4 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        got = sorted((t["labels"]["instance"], t["labels"]["job"], t["labels"]["run_id"], t["labels"]["local_rank"])
+                     for t in targets)
+    assert got == [("10.0.0.1:9400", "memexporter", "train-exp42", "0"), ("10.0.0.1:9401", "memexporter", "train-exp42", "1"),
+                   ("10.0.1.1:9400", "memexporter", "sweep-17", "0"), ("10.0.1.1:9401", "memexporter", "sweep-17", "1")]

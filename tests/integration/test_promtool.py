@@ -47,7 +47,8 @@ def test_promtool_check_rules_committed(path: Path) -> None:
 
 
 @pytest.mark.parametrize("kwargs", [{"preset": "demo"}, {"selector": 'namespace="ml",job=~"trainer-.*"'},
-                                    {"critical_severity": "warning"}], ids=["demo", "selector", "severity"])
+                                    {"critical_severity": "warning"}, {"peer_labels": "job,cluster,training_job"}],
+                         ids=["demo", "selector", "severity", "peer-labels"])
 def test_promtool_check_rules_fresh_rendering(tmp_path: Path, kwargs: dict[str, str]) -> None:
     path = tmp_path / "rendered.rules.yml"
     path.write_text(rules.render(**kwargs), encoding="utf-8")
@@ -75,6 +76,21 @@ def test_promtool_unit_tests_catch_a_changed_rule(tmp_path: Path) -> None:
         result = run(require("promtool"), "test", "rules", tmp_path / "tests" / name)
         assert result.returncode != 0, f"{name} passed against changed rules"
         assert f"alertname: {alert}" in result.stdout + result.stderr
+
+
+def test_promtool_fleet_tests_catch_job_only_peer_labels(tmp_path: Path) -> None:
+    # Not vacuous: with the old peers (job alone) the two runs that share job="memexporter" in
+    # fleet.yml are compared with each other, and the large run's balanced ranks fire too.
+    cfg = dataclasses.replace(rules.RulesConfig.default(), peer_labels="job")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "memexporter.rules.yml").write_text(rules.render_config(cfg), encoding="utf-8")
+    shutil.copy(ALERTS_DIR / "tests" / "fleet.yml", tmp_path / "tests" / "fleet.yml")
+    result = run(require("promtool"), "test", "rules", tmp_path / "tests" / "fleet.yml")
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, "fleet.yml passed with job as the only peer label"
+    assert "name: two runs in one job are not peers" in out
+    # Rank 2 of llm-pretrain sits at its run's median: it fires only when sweep-17 counts as a peer.
+    assert 'instance="trainer-1:9400", job="memexporter", namespace="ml", rank="2", run_id="llm-pretrain"' in out
 
 
 def test_amtool_check_config() -> None:
