@@ -39,6 +39,8 @@ class TinyGPT(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         self.head.weight = self.embed.weight  # tied, as in GPT-2: counted once
+        # GPT-2's init: with nn.Embedding's N(0, 1) the tied head starts with logits ~10x too big.
+        nn.init.normal_(self.embed.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], device=tokens.device)
