@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from memexporter.tracking.modules import ROOT_LABEL, TrackHandle, active_handles, hook_errors, track
+from tests.unit.test_modules import Block
 
 pytestmark = [
     pytest.mark.cuda,
@@ -22,21 +22,10 @@ pytestmark = [
 D = 256
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(D)
-        self.fc1 = nn.Linear(D, 4 * D)
-        self.fc2 = nn.Linear(4 * D, D)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
-
-
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(Block(), Block())
+        self.blocks = nn.Sequential(Block(D), Block(D))
         self.out = nn.Linear(D, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -190,11 +190,19 @@ def test_forked_child_serves_and_hooks_nothing() -> None:
     assert get(base(exp) + "/metrics")[0] == 200  # the parent still serves
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
-def test_tls_cert_and_key_are_passed_through(tmp_path: Path) -> None:
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A throwaway self-signed certificate and key for 127.0.0.1."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
                     "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
+def test_tls_cert_and_key_are_passed_through(tls_files: tuple[Path, Path]) -> None:
+    cert, key = tls_files
     exp = memexporter.start(port=0, addr="127.0.0.1", certfile=str(cert), keyfile=str(key))
     ctx = ssl.create_default_context(cafile=str(cert))
     ctx.check_hostname = False
@@ -236,14 +244,11 @@ def test_head_requests() -> None:
             assert r.read() == b"", path
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
-def test_idle_client_does_not_block_tls_scrapes_or_stop(tmp_path: Path) -> None:
+def test_idle_client_does_not_block_tls_scrapes_or_stop(tls_files: tuple[Path, Path]) -> None:
     import threading
     import time
 
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    cert, key = tls_files
     exp = memexporter.start(port=0, addr="127.0.0.1", certfile=str(cert), keyfile=str(key))
     ctx = ssl.create_default_context(cafile=str(cert))
     ctx.check_hostname = False

@@ -11,7 +11,6 @@ median rank, over the demo preset's 10 % threshold. The demo preset's windows (1
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
@@ -22,7 +21,7 @@ from tests.support import REPO_ROOT
 from tests.support.alertmanager import WebhookReceiver, running_alertmanager
 from tests.support.binaries import require
 from tests.support.demo import running_torchrun_demo
-from tests.support.ports import free_port_block
+from tests.support.ports import bindable, free_port_block
 from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.promql import substitute
 
@@ -43,16 +42,6 @@ def _query(prom: Prometheus, panel_title: str) -> list[dict[str, Any]]:
 
 def _by_rank(result: list[dict[str, Any]]) -> dict[str, float]:
     return {s["metric"]["rank"]: float(s["value"][1]) for s in result}
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def test_two_ranks_dashboards_and_rank_imbalance_alert() -> None:
@@ -105,7 +94,7 @@ def test_two_ranks_dashboards_and_rank_imbalance_alert() -> None:
         assert torchrun.poll() is None, "torchrun exited during the test"
     assert torchrun.poll() is not None
     deadline = time.monotonic() + 10
-    while not (_port_free(base) and _port_free(base + 1)) and time.monotonic() < deadline:
+    while not (bindable(base) and bindable(base + 1)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _port_free(base), "rank 0 still serving after torchrun stopped"
-    assert _port_free(base + 1), "rank 1 still serving after torchrun stopped"
+    assert bindable(base), "rank 0 still serving after torchrun stopped"
+    assert bindable(base + 1), "rank 1 still serving after torchrun stopped"

@@ -23,7 +23,7 @@ def _ephemeral_start() -> int:
         return 32768
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # SO_REUSEADDR as servers set it: a port whose old connections linger in TIME_WAIT is free.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -39,7 +39,7 @@ def free_port_block(count: int, attempts: int = 200) -> int:
     high = _ephemeral_start() - count
     for _ in range(attempts):
         base = random.randint(_LOWEST, high) if high > _LOWEST else _LOWEST
-        if all(_bindable(base + i) for i in range(count)):
+        if all(bindable(base + i) for i in range(count)):
             return base
     raise RuntimeError(f"no block of {count} consecutive free ports found in {attempts} attempts")
 
