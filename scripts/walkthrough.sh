@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
-VPY="$(pwd)/${MEMEXPORTER_VENV:-.venv}/bin/python"
+VPY="${MEMEXPORTER_VENV:-.venv}/bin/python"
 work=$(mktemp -d -t memexporter-walkthrough-XXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
