@@ -43,12 +43,6 @@ class TorchBackend:
         """Ordinals of the devices in use (see ``device_stats``)."""
         return list(self.device_stats())
 
-    def memory_stats(self, index: int) -> Mapping[str, int]:
-        """``torch.cuda.memory_stats(index)``: a copy of the allocator's counters, no device sync."""
-        if not _initialized():
-            return {}
-        return torch.cuda.memory_stats(index)
-
     def allocated(self, index: int) -> tuple[int, int]:
         """``(allocated_bytes.all.current, allocated_bytes.all.peak)`` for the step tracker.
 
