@@ -17,7 +17,7 @@ import html
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -32,21 +32,34 @@ CONNECTION_TIMEOUT = 10.0
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-def _landing(title: str) -> bytes:
+@dataclass(frozen=True)
+class Route:
+    """An extra endpoint (``/debug/memory``, say): its WSGI app and the landing page's line for it."""
+
+    app: WSGIApp
+    description: str
+
+
+def _landing(title: str, routes: Mapping[str, Route]) -> bytes:
     t = html.escape(title)
+    links = [("metrics", "Prometheus metrics"), ("healthz", "liveness")]
+    links += [(path.lstrip("/"), route.description) for path, route in routes.items()]
+    items = "".join(f'<li><a href="{html.escape(href)}">/{html.escape(href)}</a>: {html.escape(text)}</li>'
+                    for href, text in links)
     return (
         f"<!doctype html><html><head><title>{t}</title></head><body><h1>{t}</h1>"
-        "<p>In-process memory exporter for PyTorch training.</p><ul>"
-        '<li><a href="metrics">/metrics</a>: Prometheus metrics</li>'
-        '<li><a href="healthz">/healthz</a>: liveness</li>'
-        '</ul><p>Docs: <a href="https://github.com/memexporter/memexporter">memexporter</a></p>'
+        f"<p>In-process memory exporter for PyTorch training.</p><ul>{items}</ul>"
+        '<p>Docs: <a href="https://github.com/memexporter/memexporter">memexporter</a></p>'
         "</body></html>\n"
     ).encode()
 
 
-def router(metrics_app: WSGIApp, title: str) -> WSGIApp:
-    """Route ``/``, ``/healthz`` and ``/metrics``; 404 elsewhere, 405 for methods other than GET/HEAD."""
-    landing = _landing(title)
+def router(metrics_app: WSGIApp, title: str, routes: Mapping[str, Route] | None = None) -> WSGIApp:
+    """Route ``/``, ``/healthz``, ``/metrics`` and ``routes`` (exact paths); 404 elsewhere, 405 for
+    methods other than GET/HEAD. An extra route's app sees the WSGI environ as is (``REMOTE_ADDR``
+    is the peer's address) and answers HEAD itself."""
+    routes = dict(routes or {})
+    landing = _landing(title, routes)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
@@ -66,6 +79,8 @@ def router(metrics_app: WSGIApp, title: str) -> WSGIApp:
         if path in ("", "/"):
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [] if head else [landing]
+        if path in routes:
+            return routes[path].app(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found; try /metrics\n"]
 
@@ -139,10 +154,10 @@ def _server_class(addr: str, port: int, context: ssl.SSLContext | None) -> type[
 
 
 def serve(registry: CollectorRegistry, port: int, addr: str, certfile: str | None = None,
-          keyfile: str | None = None, title: str = "memexporter") -> Server:
+          keyfile: str | None = None, title: str = "memexporter", routes: Mapping[str, Route] | None = None) -> Server:
     """Bind and serve in a daemon thread. Raises ``OSError`` when the port is taken."""
     context = _tls_context(certfile, keyfile) if certfile and keyfile else None
-    app = router(make_wsgi_app(registry), title)
+    app = router(make_wsgi_app(registry), title, routes)
     handler = _strict_handler(WSGIRequestHandler)
     httpd = make_server(addr, port, app, _server_class(addr, port, context), handler_class=handler)
     thread = threading.Thread(target=httpd.serve_forever, name="memexporter-http", daemon=True)
