@@ -1,4 +1,4 @@
-"""The ``memexporter`` command: ``demo``, ``run`` and ``rules``.
+"""The ``memexporter`` command: ``demo``, ``run``, ``rules`` and ``dashboards``.
 
 ``memexporter run [options] script.py [args...]`` (or ``-m module``) runs a training script with
 the exporter started, like ``python -m cProfile``: no code change. Its options are generated
@@ -85,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
 
     rules = sub.add_parser("rules", help="print the Prometheus recording and alerting rules", add_help=False)
     rules.add_argument("rest", nargs=argparse.REMAINDER)
+    dashboards = sub.add_parser("dashboards", help="write the Grafana dashboards (JSON, or ConfigMaps)", add_help=False)
+    dashboards.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -95,6 +97,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from memexporter import rules
 
         return rules.main(argv[1:])
+    if argv[:1] == ["dashboards"]:
+        from memexporter import grafana
+
+        return grafana.main(argv[1:])
+    if argv[:1] in (["demo"], ["run"]):
+        from memexporter.torchcheck import require_torch
+
+        try:  # before the parser imports the demo (and torch): a clear message, not a traceback
+            require_torch()
+        except ImportError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     args = _parser().parse_args(argv)
     _configure_logging(args.log_level)
     try:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from memexporter import kube
+
 SEVERITIES = ("critical", "warning", "info")
 _PEAK = "rank_device:memexporter_memory_peak_bytes"
 _UTIL = "rank_device:memexporter_memory_peak_utilisation:ratio"
@@ -332,9 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"(default: {RulesConfig.peer_labels.replace(' ', '')})")
     parser.add_argument("--runbook-url", help="base URL of runbook.md; the anchor #<alertname lowercased> is appended")
     parser.add_argument("--output", metavar="FILE", help="write to FILE instead of stdout")
+    kube.add_rules_arguments(parser)
     args = parser.parse_args(argv)
     try:
         text = render(args.preset, args.selector, args.critical_severity, args.runbook_url, args.peer_labels)
+        text = kube.rules_output(text, args)
     except ValueError as exc:
         parser.error(str(exc))
     if args.output:
