@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from memexporter import exporter as _exporter
 from memexporter.exporter import Exporter
+from memexporter.torchcheck import require_torch
 
 __all__ = ["Exporter", "start", "step", "stop", "track"]
 from memexporter.tracking import steps as _steps
@@ -39,9 +40,12 @@ def start(
 
     ``model=`` (and ``optimizer=``) also starts per-module tracking, as ``track(model, optimizer)``.
 
-    Raises ``TypeError``/``ValueError`` naming a bad value. A port that is taken is logged and
-    training goes on (``Exporter.port`` is ``None``), unless ``strict=True``, which raises ``OSError``.
+    Raises ``TypeError``/``ValueError`` naming a bad value, and ``ImportError`` saying what to do
+    when torch is missing or older than ``memexporter.torchcheck.MIN_TORCH``. A port that is taken
+    is logged and training goes on (``Exporter.port`` is ``None``), unless ``strict=True``, which
+    raises ``OSError``.
     """
+    require_torch()
     settings = {
         "port": port, "addr": addr, "strict": strict, "certfile": certfile, "keyfile": keyfile,
         "memory_limit_bytes": memory_limit_bytes, "leak_window": leak_window,
@@ -71,6 +75,7 @@ def track(model: Any, optimizer: Any = None, **options: Any) -> TrackHandle:
     Returns a handle: ``handle.remove()``, or use it as a context manager. Options (``depth``,
     ``max_modules``, ``prefix``...) are documented in ``docs/modules.md``.
     """
+    require_torch()
     from memexporter.tracking.modules import track as _track
 
     return _track(model, optimizer, **options)
