@@ -24,6 +24,8 @@ KNOWN: dict[str, tuple[tuple[str, ...], str]] = {
     "alertmanager": (("prometheus-alertmanager", "alertmanager"), "apt-get install prometheus-alertmanager"),
     "amtool": (("amtool",), "apt-get install prometheus-alertmanager"),
     "torchrun": (("torchrun",), "pip install torch"),
+    # Compose v1: validates a compose file against the schema without an engine (`config -q`).
+    "docker-compose": (("docker-compose",), "apt-get install docker-compose"),
 }
 _EXTRA_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/sbin")
 
