@@ -1,5 +1,5 @@
 # Shortcuts; the scripts are the source of truth (a fresh machine may not have make).
-.PHONY: demo test lint bench rules dashboards
+.PHONY: demo test lint bench rules dashboards kubernetes
 demo:
 	scripts/demo.sh
 test:
@@ -13,3 +13,6 @@ rules:
 	.venv/bin/python -m memexporter rules --preset demo > alerts/memexporter.demo.rules.yml
 dashboards:
 	.venv/bin/python -m memexporter.dashboards
+kubernetes:
+	.venv/bin/python -m memexporter rules --format prometheusrule --output deploy/kubernetes/prometheusrule.yaml
+	.venv/bin/python -m memexporter dashboards --format configmap --output deploy/kubernetes/dashboards.yaml
