@@ -8,7 +8,7 @@ See the README for the metrics, the alert rules and the dashboards.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from memexporter.api import Exporter, start, step, stop, track
 
