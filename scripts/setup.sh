@@ -2,7 +2,8 @@
 # Set-up shared by scripts/demo.sh and scripts/test.sh, for a fresh Debian/Ubuntu machine with
 # Python 3.10+. Idempotent: a second run only checks.
 #   scripts/setup.sh            venv + package (+ a CPU build of torch when torch is missing)
-#   scripts/setup.sh --test     also the dev tools and Debian's prometheus + prometheus-alertmanager
+#   scripts/setup.sh --test     also the dev tools and Debian's prometheus, prometheus-alertmanager
+#                               and docker-compose (the compose file's schema check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,6 +61,8 @@ if [[ $want_test -eq 1 ]]; then
   missing=()
   command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
   command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
+  # Compose v1 validates deploy/compose/compose.yaml against the compose schema, with no engine.
+  command -v docker-compose >/dev/null || missing+=(docker-compose)
   if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
   say "prometheus $(prometheus --version 2>&1 | head -1 | awk '{print $3}'), alertmanager $(prometheus-alertmanager --version 2>&1 | head -1 | awk '{print $3}')"
 fi

@@ -1,0 +1,118 @@
+"""deploy/kubernetes/: the committed renderings are current, the rules inside the PrometheusRule pass
+the real promtool, and the kustomization builds into the resources it promises.
+
+No cluster is reachable here, so nothing is applied: the resources are checked against the
+PrometheusRule CRD's schema (tests/unit/test_kube.py) and built with ``kubectl kustomize`` where
+kubectl is installed (it runs offline); the kustomization's references are also followed by hand,
+so a missing file fails even without kubectl.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from memexporter import cli, rules
+from tests.support import REPO_ROOT
+from tests.support.binaries import require
+from tests.unit.test_kube import crd_errors
+
+HERE = REPO_ROOT / "deploy" / "kubernetes"
+EXPECTED_KINDS = Counter({"ConfigMap": 3, "PrometheusRule": 1, "PodMonitor": 1})
+
+
+def _make_target(name: str) -> list[list[str]]:
+    """The ``memexporter`` commands of a Makefile target (the one place the renderings are defined)."""
+    lines = (REPO_ROOT / "Makefile").read_text(encoding="utf-8").split(f"\n{name}:\n", 1)[1].splitlines()
+    commands = []
+    for line in lines:
+        if not line.startswith("\t"):
+            break
+        argv = shlex.split(line)
+        commands.append(argv[argv.index("memexporter") + 1:])
+    return commands
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+
+
+def test_committed_renderings_are_current(tmp_path: Path) -> None:
+    commands = _make_target("kubernetes")
+    assert len(commands) == 2
+    for argv in commands:
+        committed = REPO_ROOT / argv[argv.index("--output") + 1]
+        argv[argv.index("--output") + 1] = str(tmp_path / committed.name)
+        assert cli.main(argv) == 0
+        fresh = (tmp_path / committed.name).read_text(encoding="utf-8")
+        assert committed.read_text(encoding="utf-8") == fresh, f"{committed} is stale: run make kubernetes"
+
+
+@pytest.mark.parametrize("argv", [[], ["--preset", "demo", "--selector", 'job="trainer", namespace="ml"']])
+def test_rules_inside_the_prometheusrule_pass_promtool(tmp_path: Path, argv: list[str]) -> None:
+    out = tmp_path / "rule.yaml"
+    assert cli.main(["rules", "--format", "prometheusrule", *argv, "--output", str(out)]) == 0
+    (resource,) = _docs(out)
+    assert crd_errors(resource) == []
+    spec = tmp_path / "spec.yml"
+    spec.write_text(yaml.safe_dump(resource["spec"]), encoding="utf-8")
+    result = subprocess.run([require("promtool"), "check", "rules", str(spec)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    count = sum(len(g["rules"]) for g in resource["spec"]["groups"])
+    assert f"SUCCESS: {count} rules found" in result.stdout
+    assert count == sum(len(g["rules"]) for g in yaml.safe_load(rules.render())["groups"])
+
+
+def _resolve(folder: Path, root: Path) -> list[dict[str, Any]]:
+    """The resources a kustomization lists, following bases, with kustomize's load restriction:
+    a file must lie inside the kustomization's folder; another folder must be a kustomization."""
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text(encoding="utf-8"))
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    resources = []
+    for entry in kustomization["resources"]:
+        path = (folder / entry).resolve()
+        assert path.exists(), f"{folder / entry} (listed in {folder}/kustomization.yaml) does not exist"
+        if path.is_dir():
+            resources += _resolve(path, path)
+        else:
+            assert path.is_relative_to(root), f"{entry} is outside {root}: kustomize refuses to load it"
+            resources += _docs(path)
+    return resources
+
+
+def test_kustomization_references_resolve() -> None:
+    resources = _resolve(HERE, HERE)
+    assert Counter(r["kind"] for r in resources) == EXPECTED_KINDS
+    assert all(r["metadata"]["name"] for r in resources)
+
+
+def test_kubectl_kustomize_builds_the_stack() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed (not packaged by Debian 12): the kustomization's references are "
+                    "checked by test_kustomization_references_resolve instead")
+    result = subprocess.run([kubectl, "kustomize", str(HERE)], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    built = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert Counter(r["kind"] for r in built) == EXPECTED_KINDS
+    kustomization = yaml.safe_load((HERE / "kustomization.yaml").read_text(encoding="utf-8"))
+    release = kustomization["labels"][0]["pairs"]
+    for resource in built:
+        assert resource["metadata"]["namespace"] == kustomization["namespace"]
+        assert release.items() <= resource["metadata"]["labels"].items()
+    (rule,) = [r for r in built if r["kind"] == "PrometheusRule"]
+    assert rule["spec"] == yaml.safe_load(rules.render())
+    assert crd_errors(rule) == []
+    maps = [r for r in built if r["kind"] == "ConfigMap"]
+    assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
+    (monitor,) = [r for r in built if r["kind"] == "PodMonitor"]
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}  # training pods live in other namespaces
