@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -144,8 +144,3 @@ def rules_output(text: str, args: argparse.Namespace) -> str:
             raise ValueError("memexporter: --name, --namespace and --label apply to --format prometheusrule")
         return text
     return prometheus_rule(text, args.name, args.namespace, parse_pairs(args.label))
-
-
-def split_documents(stream: str) -> Sequence[Any]:
-    """The non-empty documents of a YAML stream (a helper for callers and tests)."""
-    return [d for d in yaml.safe_load_all(stream) if d is not None]

@@ -41,9 +41,12 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 10  # seconds per socket operation: a client that stalls is dropped
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
         if not 0 < length <= MAX_BODY:
-            self.send_error(413 if length else 411)
+            self.send_error(411 if length == 0 else 413 if length > MAX_BODY else 400)
             return
         try:
             payload = json.loads(self.rfile.read(length))

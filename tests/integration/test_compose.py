@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -249,6 +250,12 @@ def _post(url: str, body: bytes) -> int:
         return exc.code
 
 
+def _raw(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        return sock.recv(64)
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_shipped_routing_pages_through_the_webhook_receiver(tmp_path: Path) -> None:
@@ -265,6 +272,9 @@ def test_shipped_routing_pages_through_the_webhook_receiver(tmp_path: Path) -> N
     with running_command(receiver_argv, [f"http://127.0.0.1:{port}/healthz"], log=log, what="webhook"), \
             running_alertmanager(config) as am:
         assert _post(f"http://127.0.0.1:{port}/", b"{not json") == 400  # a stray client is refused...
+        assert _post(f"http://127.0.0.1:{port}/", b"[1, 2]") == 400
+        assert _raw(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: lots\r\n\r\n").startswith(b"HTTP/1.0 400")
+        assert _raw(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n").startswith(b"HTTP/1.0 413")
         check = subprocess.run([*receiver_argv[:2], "--check", "--port", str(port)], timeout=30, check=False)
         assert check.returncode == 0  # ...and the receiver keeps serving
         common = {"job": "memexporter", "instance": "demo:9400", "device": "cpu"}
@@ -281,7 +291,9 @@ def test_shipped_routing_pages_through_the_webhook_receiver(tmp_path: Path) -> N
             if "training-pager" in text and "training-chat" in text:
                 break
             time.sleep(1)
-    lines = [line for line in log.read_text(encoding="utf-8").splitlines() if "Memexporter" in line]
+    output = log.read_text(encoding="utf-8")
+    assert "Traceback" not in output  # the bad requests were answered, not crashed on
+    lines = [line for line in output.splitlines() if "Memexporter" in line]
     assert len(lines) == 2, lines
     pager = next(line for line in lines if "training-pager" in line)
     chat = next(line for line in lines if "training-chat" in line)
