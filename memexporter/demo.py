@@ -74,11 +74,12 @@ def _status(exp: Exporter, device: str) -> tuple[float, float, str]:
     view = Scrape(exp.sources).views[device]
     snap = exp.sources.steps.snapshot() if exp.sources.steps is not None else None
     points = snap.devices.get(device) if snap is not None else None
+    limit = view.limit if view.limit is not None else math.inf  # unknown: nothing to count down to
     est = estimate(points, view.limit) if points is not None else None
     leak = f"{_fmt_bytes(est.leak_bytes_per_step)}/step" if est is not None else "-"
     eta = _fmt_eta(est.oom_eta_seconds) if est is not None else "none"
-    text = f"{device} used {_fmt_bytes(view.used)} / limit {_fmt_bytes(view.limit)} | leak {leak} | OOM ETA {eta}"
-    return view.used, view.limit, text
+    text = f"{device} used {_fmt_bytes(view.used)} / limit {_fmt_bytes(limit)} | leak {leak} | OOM ETA {eta}"
+    return view.used, limit, text
 
 
 def _parse_extra(spec: str | None, rank: int) -> int:

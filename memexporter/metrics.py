@@ -80,11 +80,12 @@ SPECS: tuple[MetricSpec, ...] = (
     _c("allocator_device_allocations", f"cudaMalloc calls: {_MS}['num_device_alloc'].", DEVICE, "allocator", "memexporter.allocator.device_allocations", True),
     _c("allocator_device_frees", f"cudaFree calls: {_MS}['num_device_free'].", DEVICE, "allocator", "memexporter.allocator.device_frees", True),
     _g("allocator_fragmentation_ratio", "ratio", "inactive_split_bytes / reserved_bytes from memory_stats(); 0 when nothing is reserved.", DEVICE, "allocator", "memexporter.allocator.fragmentation", True),
+    _g("allocator_info", "", "Allocator backend (value 1): torch.cuda.get_allocator_backend(), native, cudaMallocAsync or pluggable. Under cudaMallocAsync only allocated, active and reserved bytes (and their peaks) are exported; a pluggable allocator reports no statistics.", ("rank", "device", "backend"), "allocator", "memexporter.allocator.info", True),
     # --- Device, from NVML (collectors/device.py).
     _g("device_total_bytes", "bytes", "Total device memory: NVML nvmlDeviceGetMemoryInfo().total.", DEVICE, "device", "hw.gpu.memory.limit", True),
     _g("device_used_bytes", "bytes", "Device memory used by all processes: NVML nvmlDeviceGetMemoryInfo().used.", DEVICE, "device", "hw.gpu.memory.usage", True),
     _g("device_free_bytes", "bytes", "Free device memory: NVML nvmlDeviceGetMemoryInfo().free.", DEVICE, "device", "memexporter.device.free", True),
-    _g("device_info", "", "Device identity (value 1): NVML UUID and name, matched to the CUDA ordinal by UUID.", ("rank", "device", "uuid", "name"), "device", "memexporter.device.info", True),
+    _g("device_info", "", "Device identity (value 1), matched to the CUDA ordinal by UUID: uuid as NVML spells it (GPU-... or MIG-...), name (model), pci_bus_id (nvmlDeviceGetPciInfo().busId), gpu_uuid and gpu_instance_id (the physical GPU and MIG GPU instance, as dcgm-exporter's UUID and GPU_I_ID labels; gpu_instance_id empty on a whole GPU).", ("rank", "device", "uuid", "name", "pci_bus_id", "gpu_uuid", "gpu_instance_id"), "device", "memexporter.device.info", True),
     # --- Host, from psutil and cgroup files (collectors/host.py).
     _g("host_rss_bytes", "bytes", "Resident set size of this process: psutil memory_info().rss.", RANK, "host", "process.memory.usage"),
     _g("host_children_rss_bytes", "bytes", "Summed RSS of all descendant processes (DataLoader workers), from /proc/PID/task/*/children and /proc/PID/statm (psutil as the fallback).", RANK, "host", "memexporter.host.children_rss"),

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memexporter.scrape import CudaSource, HostSource, cuda_label
+from memexporter.backends.base import CudaSource, HostSource, cuda_label
 from memexporter.trend import TrendPoints, TrendWindow
 
 log = logging.getLogger("memexporter")

@@ -87,7 +87,6 @@ def test_real_host_reading_is_sane() -> None:
     s = HostBackend().sample()
     assert 0 < s.rss < s.limit
     assert 0 <= s.available <= s.limit
-    assert HostBackend().peak_rss() >= s.rss // 2
 
 
 def test_children_rss_counts_real_child_processes() -> None:
