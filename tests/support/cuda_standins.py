@@ -178,6 +178,10 @@ class NvmlStandIn:
             _answer(nvml.get("init"))
 
         @record
+        def nvmlSystemGetDriverVersion() -> str | bytes:
+            return self._text(nvml.get("driver_version", ""))
+
+        @record
         def nvmlDeviceGetCount() -> int:
             return len(self._gpus)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.support.memory_stats import FIELDS, PRIVATE_POOLS, STAT_ARRAYS
 
 # Contract metric -> memory_stats() key, and the ones cudaMallocAsync leaves at zero (DESIGN.md §4).
@@ -94,3 +96,25 @@ def expected_series(answers: dict[str, Any], index: str) -> dict[str, float | No
         limit = cap if limit is None else min(limit, cap)
     out["memexporter_memory_limit_bytes"] = limit if readable else None
     return out
+
+
+def check_mapping(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any]) -> None:
+    """Scrape over ``answers`` with the real backends; every expected series, every collector up."""
+    from memexporter.backends.nvml import NvmlBackend
+    from memexporter.backends.torch import TorchBackend
+    from memexporter.registry import catalogue
+    from tests.support.cuda_standins import NvmlStandIn, TorchStandIn, no_nvml
+    from tests.unit.fakes import FakeHost, registry_for, sources
+
+    TorchStandIn(answers).install(monkeypatch)
+    if answers.get("nvml") is not None:
+        NvmlStandIn(answers["nvml"]).install(monkeypatch)
+    else:
+        no_nvml(monkeypatch)
+    reg = registry_for(sources(TorchBackend(), NvmlBackend(), FakeHost()))  # type: ignore[arg-type]
+    for index in answers["devices"]:
+        labels = {"rank": "3", "device": f"cuda:{index}"}
+        for metric, value in expected_series(answers, index).items():
+            assert reg.get_sample_value(metric, labels) == value, (metric, index)
+    for c in catalogue():
+        assert reg.get_sample_value("memexporter_collector_success", {"rank": "3", "collector": c.name}) == 1, c.name

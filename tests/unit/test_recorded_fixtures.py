@@ -11,44 +11,19 @@ Two sets, kept apart:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from memexporter.backends.nvml import NvmlBackend
-from memexporter.backends.torch import TorchBackend
-from memexporter.registry import catalogue
-from tests.support.cuda_standins import NvmlStandIn, TorchStandIn, load, no_nvml
-from tests.support.fixture_checks import expected_series, inconsistencies, torch_version_of
+from tests.support.cuda_standins import load
+from tests.support.fixture_checks import check_mapping, inconsistencies, torch_version_of
 from tests.support.memory_stats import PRIVATE_POOLS, flatten, nested
 from tests.support.synthetic_fixtures import FIXTURES, SYNTHETIC_DIR, render
-from tests.unit.fakes import FakeHost, registry_for, sources
 
 RECORDED_DIR = SYNTHETIC_DIR.parent / "recorded"
 SYNTHETIC = [pytest.param(p, id=p.name) for p in sorted(SYNTHETIC_DIR.glob("*.json"))]
 RECORDED = [pytest.param(p, id=p.name) for p in sorted(RECORDED_DIR.glob("*.json"))] or [
     pytest.param(None, id="none-recorded", marks=pytest.mark.skip(
         reason="no GPU-recorded fixture in tests/fixtures/recorded yet (run scripts/gpu-check.sh on a GPU machine)"))]
-
-
-def scrape(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any]) -> CollectorRegistry:
-    TorchStandIn(answers).install(monkeypatch)
-    if answers.get("nvml") is not None:
-        NvmlStandIn(answers["nvml"]).install(monkeypatch)
-    else:
-        no_nvml(monkeypatch)
-    return registry_for(sources(TorchBackend(), NvmlBackend(), FakeHost()))  # type: ignore[arg-type]
-
-
-def check_mapping(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any]) -> None:
-    reg = scrape(monkeypatch, answers)
-    for index in answers["devices"]:
-        labels = {"rank": "3", "device": f"cuda:{index}"}
-        for metric, value in expected_series(answers, index).items():
-            assert reg.get_sample_value(metric, labels) == value, (metric, index)
-    for c in catalogue():
-        assert reg.get_sample_value("memexporter_collector_success", {"rank": "3", "collector": c.name}) == 1, c.name
 
 
 def test_synthetic_set_is_complete_and_current() -> None:
