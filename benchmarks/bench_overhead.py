@@ -1,12 +1,16 @@
 """Overhead of memexporter on a training step, and the latency of a modules scrape.
 
-Runs a small GPT-style model on CPU. Each variant (a setup/teardown pair around the same model
+Runs a small GPT-style model on CPU (or a GPU: ``--device cuda``). Each variant (a setup/teardown pair around the same model
 and optimizer) trains in blocks of ``--block`` steps; the variants alternate block by block for
 ``--rounds`` rounds, so drift in machine load hits all of them alike. Reports the median step
 time of each variant and its ratio to ``plain``. Then times ``ModulesCollector.collect()`` over
 a model with 100 tracked modules (p50/p99).
 
     python benchmarks/bench_overhead.py [--rounds 20] [--block 6] [--threads 1 --clock cpu]
+    python benchmarks/bench_overhead.py --device cuda [--batch 32 --seq 256]
+
+On CUDA each timed step ends with ``torch.cuda.synchronize()`` (the benchmark's own measurement:
+the exporter never synchronises), so the step time includes the GPU's work.
 
 Add a variant by adding a ``(setup, teardown)`` pair to ``VARIANTS``.
 """
@@ -72,7 +76,7 @@ class GPT(nn.Module):
         self.head.weight = self.tok.weight  # tied
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
@@ -91,6 +95,8 @@ class Job:
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if self.x.is_cuda:
+            torch.cuda.synchronize(self.x.device)
 
 
 def _nothing(job: Job) -> None:
@@ -134,11 +140,11 @@ VARIANTS: dict[str, Variant] = {
 
 
 def bench_steps(rounds: int, block: int, batch: int, seq: int,
-                clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+                clock: Callable[[], float] = time.perf_counter, device: str = "cpu") -> dict[str, list[float]]:
     torch.manual_seed(0)
-    model = GPT(ctx=seq)
+    model = GPT(ctx=seq).to(device)
     job = Job(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
-              torch.randint(0, 512, (batch, seq)), torch.randint(0, 512, (batch, seq)))
+              torch.randint(0, 512, (batch, seq), device=device), torch.randint(0, 512, (batch, seq), device=device))
     for _ in range(5):  # warm-up: allocator, optimizer state, oneDNN kernels
         job.step()
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
@@ -192,13 +198,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: the training thread's CPU time (with --threads 1: immune to a busy machine)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model trains (default cpu)")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device")
+    if args.device == "cuda" and args.clock == "cpu":
+        ap.error("--clock cpu measures the host thread only; use the wall clock with --device cuda")
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, "
+    where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}, {args.clock} clock, "
           f"{args.rounds} rounds x {args.block} steps per variant, batch {args.batch} x seq {args.seq}")
-    times = bench_steps(args.rounds, args.block, args.batch, args.seq, clock)
+    times = bench_steps(args.rounds, args.block, args.batch, args.seq, clock, args.device)
     base = statistics.median(times["plain"])
     for name, ts in times.items():
         med = statistics.median(ts)

@@ -63,8 +63,10 @@ def measure(blocks: int, track: bool, scrapes: int, device: str) -> dict[str, tu
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=300)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     print(f"scrape cost on {name}, torch {torch.__version__}, {args.scrapes} scrapes each")
     print(f"{'tracked modules':>16} | {'collect p50':>11} | {'collect p99':>11} | {'HTTP p50':>9} | {'HTTP p99':>9}")
