@@ -1,9 +1,11 @@
 # Shortcuts; the scripts are the source of truth (a fresh machine may not have make).
-.PHONY: demo test lint bench rules dashboards
+.PHONY: demo test lint bench rules dashboards gpu-check
 demo:
 	scripts/demo.sh
 test:
 	scripts/test.sh
+gpu-check:
+	scripts/gpu-check.sh
 lint:
 	.venv/bin/python -m ruff check memexporter tests benchmarks && .venv/bin/python -m mypy
 bench:
