@@ -75,8 +75,8 @@ class TorchBackend:
     def allocator_backend(self) -> str:
         """``torch.cuda.get_allocator_backend()``: ``native``, ``cudaMallocAsync`` or ``pluggable``.
 
-        ``native`` on a torch without the getter (before 2.0), where the native allocator was the
-        only one.
+        ``native`` on a torch without the getter (1.13, for one), where the native allocator was
+        the only one.
         """
         getter = getattr(torch.cuda, "get_allocator_backend", None)
         if getter is None:
@@ -104,7 +104,7 @@ class TorchBackend:
         """The device UUID as torch spells it: bare hex for a GPU and for a MIG slice alike.
 
         ``str(get_device_properties(index).uuid)``; the NVML backend matches it to NVML's
-        ``GPU-``/``MIG-`` spelling. ``None`` on a torch without device UUIDs (before 2.0).
+        ``GPU-``/``MIG-`` spelling. ``None`` on a torch without device UUIDs (1.13, for one).
         """
         if not _initialized():
             return None

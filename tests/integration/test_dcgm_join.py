@@ -44,7 +44,8 @@ def memexporter_side(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Per rank: its device_info labels and reserved bytes, from a real scrape of its fixture."""
     from memexporter.backends.nvml import NvmlBackend
     from memexporter.backends.torch import TorchBackend
-    from tests.support.cuda_standins import NvmlStandIn, TorchStandIn
+    from tests.support.cuda_standins import TorchStandIn
+    from tests.support.nvml_standin import NvmlStandIn
     from tests.unit.fakes import FakeHost, registry_for, sources
 
     a100 = load(SYNTHETIC_DIR / "a100_torch2.13_fraction.json")["answers"]

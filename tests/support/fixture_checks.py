@@ -103,7 +103,8 @@ def check_mapping(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any]) -> N
     from memexporter.backends.nvml import NvmlBackend
     from memexporter.backends.torch import TorchBackend
     from memexporter.registry import catalogue
-    from tests.support.cuda_standins import NvmlStandIn, TorchStandIn, no_nvml
+    from tests.support.cuda_standins import TorchStandIn, no_nvml
+    from tests.support.nvml_standin import NvmlStandIn
     from tests.unit.fakes import FakeHost, registry_for, sources
 
     TorchStandIn(answers).install(monkeypatch)

@@ -12,7 +12,8 @@ import pynvml
 import pytest
 
 from memexporter.backends.nvml import NvmlBackend, NvmlMemory
-from tests.support.cuda_standins import NvmlStandIn, load, no_nvml
+from tests.support.cuda_standins import load, no_nvml
+from tests.support.nvml_standin import NvmlStandIn
 from tests.support.synthetic_fixtures import SYNTHETIC_DIR
 
 MiB = 1 << 20

@@ -15,7 +15,8 @@ from memexporter.backends.torch import TorchBackend
 from memexporter.collectors.allocator import KEYS, NATIVE_ONLY
 from memexporter.registry import catalogue
 from memexporter.tracking.steps import StepTracker
-from tests.support.cuda_standins import NvmlStandIn, TorchStandIn, load, no_nvml
+from tests.support.cuda_standins import TorchStandIn, load, no_nvml
+from tests.support.nvml_standin import NvmlStandIn
 from tests.support.synthetic_fixtures import SYNTHETIC_DIR
 from tests.unit.fakes import FakeHost, GiB, MiB, registry_for, sources
 

@@ -9,7 +9,8 @@ import copy
 import pytest
 
 from tests.cuda.record_fixtures import nvml_answers, torch_answers
-from tests.support.cuda_standins import NvmlStandIn, TorchStandIn, load
+from tests.support.cuda_standins import TorchStandIn, load
+from tests.support.nvml_standin import NvmlStandIn
 from tests.support.synthetic_fixtures import FIXTURES, SYNTHETIC_DIR
 
 
