@@ -118,11 +118,11 @@ class Scrape:
             views[cuda_label(i)] = MemoryView(used=float(used), limit=self._cuda_limit(i, stats))
         budget = self.sources.config.memory_limit_bytes
         if budget is not None:
-            # The soft budget applies to the devices the job trains on: CUDA when it is in use.
-            # It can only tighten the limit: a budget above what the device has must not hide
-            # the real OOM.
-            targets = [d for d in views if d != "cpu"] or [d for d in views if d == "cpu"]
-            for d in targets:
+            # The soft budget applies to the devices the job trains on: CUDA when it is in use
+            # (even where its view is unknown, under a pluggable allocator), else cpu. It can only
+            # tighten the limit: a budget above what the device has must not hide the real OOM.
+            targets = [cuda_label(i) for i in cuda_stats] or ["cpu"]
+            for d in (d for d in targets if d in views):
                 limit = views[d].limit
                 views[d] = MemoryView(views[d].used, float(budget) if limit is None else min(limit, float(budget)))
         return views

@@ -18,7 +18,7 @@ from memexporter.tracking.steps import StepTracker
 from tests.support.cuda_standins import TorchStandIn, load, no_nvml
 from tests.support.nvml_standin import NvmlStandIn
 from tests.support.synthetic_fixtures import SYNTHETIC_DIR
-from tests.unit.fakes import FakeHost, GiB, MiB, registry_for, sources
+from tests.unit.fakes import FakeCuda, FakeHost, GiB, MiB, registry_for, sources
 
 CUDA = {"rank": "3", "device": "cuda:0"}
 
@@ -180,3 +180,31 @@ def test_scrape_creates_no_context_on_a_device_the_job_does_not_use(monkeypatch:
     assert v(reg, "memexporter_memory_limit_bytes", {"rank": "3", "device": "cuda:5"}) is not None
     assert s.contexts == {5}
     assert {i for fn, i in s.calls if fn != "memory_stats"} == {5}
+
+
+def test_budget_stays_on_cuda_when_its_view_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pluggable allocator: the job trains on CUDA, whose used/limit cannot be read. The soft
+    # budget is for the training device, so it must not move to the cpu view.
+    torch_standin = TorchStandIn(answers("h100_torch2.13_pluggable")).install(monkeypatch)
+    NvmlStandIn(torch_standin.answers["nvml"]).install(monkeypatch)
+    host = FakeHost()
+    reg = registry_for(sources(TorchBackend(), NvmlBackend(), host, memory_limit_bytes=1 * GiB))  # type: ignore[arg-type]
+    assert v(reg, "memexporter_memory_limit_bytes", {"rank": "3", "device": "cpu"}) == host.value.rss + host.value.available
+
+
+def test_a_raising_cuda_source_costs_only_the_cuda_series() -> None:
+    # A CudaSource that raises (TorchBackend does not; a future one might): the allocator and
+    # device collectors report the failure, the cpu view and the step count stay.
+    class Broken(FakeCuda):
+        def device_stats(self) -> dict[int, Any]:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    host = FakeHost()
+    tracker = StepTracker(FakeCuda(), host, window=64, warmup_steps=0, host_peak=lambda: 0)  # type: ignore[arg-type]
+    tracker.step()
+    reg = registry_for(sources(Broken(), host=host, steps=tracker))
+    success = {c.name: v(reg, "memexporter_collector_success", {"rank": "3", "collector": c.name}) for c in catalogue()}
+    assert success["allocator"] == 0 and success["device"] == 0
+    assert success["memory"] == success["trend"] == success["host"] == 1
+    assert v(reg, "memexporter_memory_used_bytes", {"rank": "3", "device": "cpu"}) == 2 * GiB
+    assert v(reg, "memexporter_steps_total", {"rank": "3"}) == 1
