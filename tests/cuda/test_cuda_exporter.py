@@ -4,6 +4,7 @@ Fixtures are recorded by tests/cuda/record_fixtures.py (see test_fixture_recorde
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -68,17 +69,21 @@ json.dump({"used": used, "contexts": contexts, "text": text}, sys.stdout)
 """
 
 
-def _one_device_job(exporter: str) -> dict[str, Any]:
+def _one_device_job(exporter: str, alloc_conf: str) -> dict[str, Any]:
     import json
 
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf, "PYTORCH_ALLOC_CONF": alloc_conf}
     out = subprocess.run([sys.executable, "-c", _ONE_DEVICE_JOB, exporter], capture_output=True, text=True,
-                         timeout=300, check=True)
+                         timeout=300, check=True, env=env)
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
+# cudaMallocAsync reads its pool under a device guard on the scrape thread, whose current device
+# is cuda:0: restoring that device must not create a context there either.
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (a job on one, another to stay untouched)")
-def test_scrape_creates_no_context_on_devices_the_job_does_not_use() -> None:
-    control, job = _one_device_job("off"), _one_device_job("on")
+@pytest.mark.parametrize("alloc_conf", ["backend:native", "backend:cudaMallocAsync"])
+def test_scrape_creates_no_context_on_devices_the_job_does_not_use(alloc_conf: str) -> None:
+    control, job = _one_device_job("off", alloc_conf), _one_device_job("on", alloc_conf)
     used = job["used"]
     assert job["contexts"] == control["contexts"], (
         f"contexts with memexporter {job['contexts']}, without {control['contexts']} (job on cuda:{used})")
