@@ -102,6 +102,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("auto_step", _bool, True, "Count every optimizer.step() as a step boundary. memexporter.step() turns this off."),
     Knob("module_depth", _positive, 3, "Deepest module path reported by track(); deeper modules fold into their ancestor."),
     Knob("max_modules", _positive, 100, "Most module rows per tracked model; the smallest fold into their parent."),
+    Knob("otel", _bool, False, "Push the metrics over OTLP, configured by the standard OTEL_EXPORTER_OTLP_* and OTEL_* variables (pip install 'memexporter[otel]'). start(meter_provider=...) uses the application's provider instead."),
+    Knob("http", _bool, True, "Serve /metrics over HTTP. False (with otel) runs push-only: no port is opened."),
 )
 
 BY_NAME: Mapping[str, Knob] = {k.name: k for k in KNOBS}
@@ -122,6 +124,8 @@ class Config:
     auto_step: bool
     module_depth: int
     max_modules: int
+    otel: bool
+    http: bool
 
     @classmethod
     def resolve(cls, explicit: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> Config:
