@@ -93,7 +93,7 @@ class Knob:
 KNOBS: tuple[Knob, ...] = (
     Knob("port", _port, DEFAULT_PORT, "Base TCP port. Each rank binds port + LOCAL_RANK. 0 picks a free port (tests)."),
     Knob("addr", _str, "0.0.0.0", "Bind address. All interfaces by default, as exporters do; use 127.0.0.1 on shared login nodes."),
-    Knob("strict", _bool, False, "Raise instead of logging when the port is taken or the server cannot start."),
+    Knob("strict", _bool, False, "Raise instead of logging when the port is taken, the server cannot start, or OTLP push cannot be set up."),
     Knob("certfile", _opt_path, None, "TLS certificate (PEM), passed to prometheus_client. Needs keyfile."),
     Knob("keyfile", _opt_path, None, "TLS private key (PEM), passed to prometheus_client. Needs certfile."),
     Knob("memory_limit_bytes", _opt_positive, None, "Soft budget (bytes) that caps memory_limit_bytes for the devices the job trains on (CUDA if any is in use, else cpu)."),
