@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import time
 import urllib.request
@@ -20,7 +19,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
 from memexporter.otel import sdk
 from memexporter.otel.reporting import ReportingExporter
-from tests.support.otlp import metrics, points, resource
+from tests.support.otlp import closed_port, metrics, points, resource
 
 
 @pytest.fixture(autouse=True)
@@ -31,13 +30,6 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "100")
     yield
     memexporter.stop()
-
-
-def closed_port() -> int:
-    """A loopback port that refuses connections (bound a moment ago, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
