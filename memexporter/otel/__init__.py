@@ -18,6 +18,7 @@ import atexit
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 from memexporter import __version__
@@ -61,13 +62,27 @@ class OtelHandle:
         self.bridge.close()
 
 
+# One bridge per provider, for the life of the provider: start() after stop() on the application's
+# provider must report through the instruments the first start() created.
+_bridges: weakref.WeakKeyDictionary[Any, OtelBridge] = weakref.WeakKeyDictionary()
+
+
+def _bridge(provider: Any, source: Source) -> OtelBridge:
+    bridge = _bridges.get(provider)
+    if bridge is None:
+        bridge = OtelBridge(source, provider.get_meter("memexporter", __version__, schema_url=SCHEMA_URL))
+        _bridges[provider] = bridge
+    else:
+        bridge.reopen(source)
+    return bridge
+
+
 def attach(source: Source, ident: Identity, *, push: bool, meter_provider: Any = None, strict: bool = False) -> OtelHandle | None:
     """Instruments over ``source`` on ``meter_provider``, or on a new OTLP-pushing provider when
     ``push``. A push that cannot be set up is logged in one line (naming the variable, its value
     and the fix) and gives ``None``, unless ``strict``, which raises ``sdk.OtelSetupError``."""
     if meter_provider is not None:
-        meter = meter_provider.get_meter("memexporter", __version__, schema_url=SCHEMA_URL)
-        return OtelHandle(OtelBridge(source, meter))
+        return OtelHandle(_bridge(meter_provider, source))
     if not push:
         return None
     if sdk.disabled(os.environ):
@@ -80,7 +95,7 @@ def attach(source: Source, ident: Identity, *, push: bool, meter_provider: Any =
             raise
         log.error("memexporter: %s. No OTLP push; training goes on.", exc)
         return None
-    handle = OtelHandle(OtelBridge(source, made.provider.get_meter("memexporter", __version__, schema_url=SCHEMA_URL)), made)
+    handle = OtelHandle(_bridge(made.provider, source), made)
     atexit.register(handle.shutdown)  # the last push of a job that never calls stop()
     log.info("memexporter: pushing metrics over OTLP (%s) to %s every %g s", made.protocol, made.target, made.interval_s)
     return handle

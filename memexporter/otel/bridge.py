@@ -60,6 +60,12 @@ class OtelBridge:
         """Stop reporting: OpenTelemetry cannot delete an instrument, so its callback yields nothing."""
         self._closed = True
 
+    def reopen(self, source: Source) -> None:
+        """Report ``source`` again, on the same instruments: a meter hands back the instruments it
+        already has (with their first callbacks) when asked for the same names a second time."""
+        with self._lock:
+            self._source, self._walk, self._closed = source, None, False
+
     def _samples(self, instrument: str) -> Samples:
         with self._lock:
             if self._walk is None or instrument in self._asked:

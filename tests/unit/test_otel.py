@@ -75,6 +75,14 @@ def test_start_with_the_applications_provider(reader: InMemoryMetricReader) -> N
     assert read(reader)[0] == {}, "stop() must silence the instruments on the application's provider"
 
 
+def test_start_again_on_the_same_provider_reports_again(reader: InMemoryMetricReader) -> None:
+    provider = otel_sdk.MeterProvider(metric_readers=[reader])
+    memexporter.start(port=0, addr="127.0.0.1", meter_provider=provider).stop()
+    assert read(reader)[0] == {}
+    memexporter.start(port=0, addr="127.0.0.1", meter_provider=provider)
+    assert read(reader)[0]["memexporter.build.info"], "the second start() must report through the same instruments"
+
+
 def test_infinite_eta_is_no_point_and_no_sdk_warning(reader: InMemoryMetricReader, caplog: pytest.LogCaptureFixture) -> None:
     exp = memexporter.start(port=0, addr="127.0.0.1", warmup_steps=0, leak_window=8,
                             meter_provider=otel_sdk.MeterProvider(metric_readers=[reader]))
