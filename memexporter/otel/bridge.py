@@ -114,4 +114,5 @@ def _points(inst: Instrument, walk: Samples) -> Iterator[tuple[dict[str, str], f
         for labels, value in rows:
             ident = info.get((labels.get("rank"), labels.get("device")))
             if ident and ident.get("uuid"):
-                yield {"hw.id": ident["uuid"], "hw.type": "gpu", "hw.name": ident.get("name", "")}, value
+                name = {"hw.name": ident["name"]} if ident.get("name") else {}  # recommended, not required
+                yield {"hw.id": ident["uuid"], "hw.type": "gpu", **name}, value
