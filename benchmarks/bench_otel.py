@@ -5,6 +5,7 @@ reversed every other round): ``start`` (the exporter serving /metrics, no OpenTe
 ``start+otlp`` (the same, plus ``otel=True`` pushing over OTLP/HTTP every ``--interval-ms``, far
 more often than the SDK's 60 s default, to magnify the cost). The OTLP receiver runs in another
 process (tests/support/otlp.py), so decoding there does not compete for this process' GIL.
+A third variant, ``start again``, repeats ``start``: its ratio shows the machine's noise.
 Reports the median step time of each, the ratio to ``start`` (plain and paired per round), the
 pushes received, and the p50/p99 of one export cycle (``force_flush``: a registry walk, the
 encoding and the HTTP POST) timed on its own.
@@ -52,19 +53,20 @@ def _stop(job: Job) -> None:
     job.state.pop("exporter").stop()
 
 
-VARIANTS = {"start": _start, "start+otlp": _start_otlp}
+# "start again" is the same as "start": its ratio is the noise of this machine (an A/A control).
+VARIANTS = {"start": _start, "start+otlp": _start_otlp, "start again": _start}
 
 
-def bench_steps(job: Job, rounds: int, block: int) -> dict[str, list[float]]:
+def bench_steps(job: Job, rounds: int, block: int, clock: Any = time.perf_counter) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for r in range(rounds):
         for name in (VARIANTS if r % 2 == 0 else reversed(VARIANTS)):
             VARIANTS[name](job)
             job.step()  # not timed: the first step after set-up
             for _ in range(block):
-                t0 = time.perf_counter()
+                t0 = clock()
                 job.step()
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(clock() - t0)
             _stop(job)
     return times
 
@@ -90,6 +92,8 @@ def main() -> None:
     ap.add_argument("--interval-ms", type=int, default=100)
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: the training thread's CPU time (leaves out waits for the GIL and for a busy machine)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,9 +109,9 @@ def main() -> None:
               torch.randint(0, 512, (8, 64)), torch.randint(0, 512, (8, 64)))
     for _ in range(5):
         job.step()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds x {args.block} "
-          f"steps per variant, push every {args.interval_ms} ms")
-    times = bench_steps(job, args.rounds, args.block)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, {args.rounds} rounds x "
+          f"{args.block} steps per variant, push every {args.interval_ms} ms")
+    times = bench_steps(job, args.rounds, args.block, time.thread_time if args.clock == "cpu" else time.perf_counter)
     cycle = bench_cycle(args.cycles)
     done.set()
     pushes = count.get(timeout=60)
@@ -116,7 +120,7 @@ def main() -> None:
     for name, ts in times.items():
         blocks = [statistics.median(ts[i:i + args.block]) / statistics.median(times["start"][i:i + args.block])
                   for i in range(0, len(ts), args.block)]
-        print(f"  {name:11s} median step {statistics.median(ts) * 1e3:8.2f} ms  p90 {pct(ts, 0.9) * 1e3:8.2f} ms  "
+        print(f"  {name:12s} median step {statistics.median(ts) * 1e3:8.2f} ms  p90 {pct(ts, 0.9) * 1e3:8.2f} ms  "
               f"ratio {statistics.median(ts) / base:.4f}  paired ratio {statistics.median(blocks):.4f}")
     print(f"  export cycle: p50 {pct(cycle, 0.5) * 1e3:.2f} ms  p99 {pct(cycle, 0.99) * 1e3:.2f} ms "
           f"({len(cycle)} cycles); {pushes} pushes received in all")
