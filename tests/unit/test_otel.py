@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import memexporter
+from memexporter.exporter import running
 from memexporter.metrics import SPECS
 
 otel_sdk = pytest.importorskip("opentelemetry.sdk.metrics", reason="opentelemetry-sdk is not installed (pip install memexporter[otel])")
@@ -168,4 +169,4 @@ def test_bad_values_fail_fast_naming_the_knob(settings: dict[str, Any], env: dic
         monkeypatch.setenv(k, v)
     with pytest.raises(error, match=named):
         memexporter.start(port=0, **settings)
-    assert memexporter.api._exporter.running() is None
+    assert running() is None

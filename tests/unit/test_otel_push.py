@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 import memexporter
+from memexporter.exporter import running
 
 pytest.importorskip("opentelemetry.sdk.metrics", reason="opentelemetry-sdk is not installed (pip install memexporter[otel])")
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
@@ -111,7 +112,7 @@ def test_strict_raises_on_setup_errors_and_frees_the_port(monkeypatch: pytest.Mo
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
     with pytest.raises(sdk.OtelSetupError, match="http/json"):
         memexporter.start(port=0, addr="127.0.0.1", otel=True, strict=True)
-    assert memexporter.api._exporter.running() is None
+    assert running() is None
 
 
 def test_sdk_disabled_is_respected(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
