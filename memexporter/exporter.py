@@ -72,12 +72,12 @@ class Exporter:
         if os.getpid() != self.pid:
             return
         with _lock:
+            if self.otel is not None:  # a last push first, while every collector still answers
+                self.otel.shutdown()
+                self.otel = None
             for handle in self.tracked:
                 handle.remove()
             self.tracked.clear()
-            if self.otel is not None:  # a last push first, while the collectors still answer
-                self.otel.shutdown()
-                self.otel = None
             if self._server is not None:
                 self._server.stop()
                 self._server = None
