@@ -9,7 +9,7 @@ gpu-check:
 lint:
 	.venv/bin/python -m ruff check memexporter tests benchmarks && .venv/bin/python -m mypy
 bench:
-	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py
+	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py
 rules:
 	.venv/bin/python -m memexporter rules > alerts/memexporter.rules.yml
 	.venv/bin/python -m memexporter rules --preset demo > alerts/memexporter.demo.rules.yml

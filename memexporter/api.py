@@ -27,8 +27,11 @@ def start(
     auto_step: bool | None = None,
     module_depth: int | None = None,
     max_modules: int | None = None,
+    otel: bool | None = None,
+    http: bool | None = None,
     model: Any = None,
     optimizer: Any = None,
+    meter_provider: Any = None,
 ) -> Exporter:
     """Start serving this process's memory state on ``http://<addr>:<port + LOCAL_RANK>/metrics``.
 
@@ -39,6 +42,10 @@ def start(
 
     ``model=`` (and ``optimizer=``) also starts per-module tracking, as ``track(model, optimizer)``.
 
+    OpenTelemetry: ``otel=True`` pushes the same metrics over OTLP, configured by the standard
+    ``OTEL_*`` variables; ``meter_provider=`` publishes them on the application's
+    ``MeterProvider`` instead (memexporter never sets the global one). ``http=False`` opens no port.
+
     Raises ``TypeError``/``ValueError`` naming a bad value. A port that is taken is logged and
     training goes on (``Exporter.port`` is ``None``), unless ``strict=True``, which raises ``OSError``.
     """
@@ -46,9 +53,9 @@ def start(
         "port": port, "addr": addr, "strict": strict, "certfile": certfile, "keyfile": keyfile,
         "memory_limit_bytes": memory_limit_bytes, "leak_window": leak_window,
         "warmup_steps": warmup_steps, "auto_step": auto_step, "module_depth": module_depth,
-        "max_modules": max_modules,
+        "max_modules": max_modules, "otel": otel, "http": http,
     }
-    return _exporter.start(model=model, optimizer=optimizer, **settings)
+    return _exporter.start(model=model, optimizer=optimizer, meter_provider=meter_provider, **settings)
 
 
 def stop() -> None:

@@ -93,7 +93,7 @@ class Knob:
 KNOBS: tuple[Knob, ...] = (
     Knob("port", _port, DEFAULT_PORT, "Base TCP port. Each rank binds port + LOCAL_RANK. 0 picks a free port (tests)."),
     Knob("addr", _str, "0.0.0.0", "Bind address. All interfaces by default, as exporters do; use 127.0.0.1 on shared login nodes."),
-    Knob("strict", _bool, False, "Raise instead of logging when the port is taken or the server cannot start."),
+    Knob("strict", _bool, False, "Raise instead of logging when the port is taken, the server cannot start, or OTLP push cannot be set up."),
     Knob("certfile", _opt_path, None, "TLS certificate (PEM), passed to prometheus_client. Needs keyfile."),
     Knob("keyfile", _opt_path, None, "TLS private key (PEM), passed to prometheus_client. Needs certfile."),
     Knob("memory_limit_bytes", _opt_positive, None, "Soft budget (bytes) that caps memory_limit_bytes for the devices the job trains on (CUDA if any is in use, else cpu)."),
@@ -102,6 +102,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("auto_step", _bool, True, "Count every optimizer.step() as a step boundary. memexporter.step() turns this off."),
     Knob("module_depth", _positive, 3, "Deepest module path reported by track(); deeper modules fold into their ancestor."),
     Knob("max_modules", _positive, 100, "Most module rows per tracked model; the smallest fold into their parent."),
+    Knob("otel", _bool, False, "Push the metrics over OTLP, configured by the standard OTEL_EXPORTER_OTLP_* and OTEL_* variables (pip install 'memexporter[otel]'). start(meter_provider=...) uses the application's provider instead."),
+    Knob("http", _bool, True, "Serve /metrics over HTTP. False (with otel) runs push-only: no port is opened."),
 )
 
 BY_NAME: Mapping[str, Knob] = {k.name: k for k in KNOBS}
@@ -122,6 +124,8 @@ class Config:
     auto_step: bool
     module_depth: int
     max_modules: int
+    otel: bool
+    http: bool
 
     @classmethod
     def resolve(cls, explicit: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> Config:

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         exp.tracked.append(memexporter.track(model, opt))
     mem_device = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
     print(f"memexporter demo: training a {sum(p.numel() for p in model.parameters()):,}-parameter GPT on {mem_device}; "
-          f"metrics at {exp.url or '(not serving: see the error above)'}", flush=True)
+          f"metrics at {exp.url or ('(push only: http=False)' if not exp.config.http else '(not serving: see the error above)')}", flush=True)
     kept: list[torch.Tensor] = []
     if extra := _parse_extra(args.rank_extra_mib, rank):
         kept.append(torch.ones(extra // 4, dtype=torch.float32, device=device))

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -23,6 +23,9 @@ from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.scrape import Identity, Sources
 from memexporter.server import Server, serve
 from memexporter.tracking import steps
+
+if TYPE_CHECKING:
+    from memexporter.otel import OtelHandle
 
 log = logging.getLogger("memexporter")
 
@@ -49,6 +52,7 @@ class Exporter:
         self.config, self.sources, self.registry, self._server = config, sources, registry, server
         self.pid = os.getpid()
         self.tracked: list[Any] = []  # handles from start(model=...), removed on stop()
+        self.otel: OtelHandle | None = None  # the OpenTelemetry side (memexporter/otel/), shut down on stop()
 
     @property
     def port(self) -> int | None:
@@ -68,6 +72,9 @@ class Exporter:
         if os.getpid() != self.pid:
             return
         with _lock:
+            if self.otel is not None:  # a last push first, while every collector still answers
+                self.otel.shutdown()
+                self.otel = None
             for handle in self.tracked:
                 handle.remove()
             self.tracked.clear()
@@ -113,10 +120,12 @@ def _port_for_rank(config: Config, ident: Identity) -> int:
     return config.port + local_rank
 
 
-def start(model: Any = None, optimizer: Any = None, **settings: Any) -> Exporter:
+def start(model: Any = None, optimizer: Any = None, meter_provider: Any = None, **settings: Any) -> Exporter:
     """See ``memexporter.start``."""
     global _running
     config = Config.resolve(settings)  # bad values raise before anything starts
+    if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
+        raise TypeError(f"memexporter: meter_provider must be an OpenTelemetry MeterProvider, got {meter_provider!r}")
     if _running is not None and _running.pid != os.getpid():
         # A forked child inherited the parent's exporter: it must not serve or hook anything.
         return Exporter(config, _running.sources, _running.registry, None)
@@ -124,8 +133,10 @@ def start(model: Any = None, optimizer: Any = None, **settings: Any) -> Exporter
         if _running is not None:
             log.warning("memexporter: already running at %s; start() returns the running exporter", _running.url)
             exporter = _running
+            if meter_provider is not None and exporter.otel is None:
+                _attach_otel(exporter, meter_provider)  # asked for explicitly: honoured, as model= is
         else:
-            exporter = _start_locked(config)
+            exporter = _start_locked(config, meter_provider)
             _running = exporter
         if model is not None:
             # Also on an exporter that already runs (MEMEXPORTER_AUTOSTART, `memexporter run`):
@@ -136,7 +147,7 @@ def start(model: Any = None, optimizer: Any = None, **settings: Any) -> Exporter
     return exporter
 
 
-def _start_locked(config: Config) -> Exporter:
+def _start_locked(config: Config, meter_provider: Any = None) -> Exporter:
     from memexporter.backends.host import HostBackend
     from memexporter.backends.nvml import NvmlBackend
     from memexporter.backends.torch import TorchBackend
@@ -148,12 +159,30 @@ def _start_locked(config: Config) -> Exporter:
     sources = Sources(ident, config, cuda, NvmlBackend(), host, tracker, __version__)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MemexporterCollector(catalogue(), sources))
-    server = _bind(registry, config, port)
+    server = _bind(registry, config, port) if config.http else None
     exporter = Exporter(config, sources, registry, server)
+    try:
+        _attach_otel(exporter, meter_provider)
+    except Exception:  # strict=True and OTLP push cannot be set up: free the port before raising
+        exporter.stop()
+        raise
     steps.activate(tracker, auto_step=config.auto_step)
     if server is not None:
         log.info("memexporter: serving %s (rank %s)", exporter.url, ident.rank)
+    elif not config.http and exporter.otel is None:
+        log.warning("memexporter: http=False and no OpenTelemetry push: nothing publishes the metrics "
+                    "(set MEMEXPORTER_OTEL=1 or pass meter_provider=)")
     return exporter
+
+
+def _attach_otel(exporter: Exporter, meter_provider: Any) -> None:
+    """The OpenTelemetry side, when asked for (the logic is in memexporter/otel/)."""
+    if meter_provider is None and not exporter.config.otel:
+        return
+    from memexporter.otel import attach
+
+    exporter.otel = attach(exporter.registry, exporter.sources.identity, push=exporter.config.otel,
+                           meter_provider=meter_provider, strict=exporter.config.strict)
 
 
 def _bind(registry: CollectorRegistry, config: Config, port: int) -> Server | None:
