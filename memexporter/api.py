@@ -29,6 +29,12 @@ def start(
     max_modules: int | None = None,
     otel: bool | None = None,
     http: bool | None = None,
+    debug: bool | None = None,
+    debug_allow: str | list[str] | None = None,
+    record_history: bool | None = None,
+    oom_dump_dir: str | None = None,
+    census_every: int | None = None,
+    census_budget: float | None = None,
     model: Any = None,
     optimizer: Any = None,
     meter_provider: Any = None,
@@ -46,6 +52,9 @@ def start(
     ``OTEL_*`` variables; ``meter_provider=`` publishes them on the application's
     ``MeterProvider`` instead (memexporter never sets the global one). ``http=False`` opens no port.
 
+    ``debug=True`` adds ``/debug/memory`` and ``/debug/snapshot`` (see the README's "When the page
+    comes"); ``oom_dump_dir=`` writes a pre-mortem there before an OOM.
+
     Raises ``TypeError``/``ValueError`` naming a bad value. A port that is taken is logged and
     training goes on (``Exporter.port`` is ``None``), unless ``strict=True``, which raises ``OSError``.
     """
@@ -54,6 +63,8 @@ def start(
         "memory_limit_bytes": memory_limit_bytes, "leak_window": leak_window,
         "warmup_steps": warmup_steps, "auto_step": auto_step, "module_depth": module_depth,
         "max_modules": max_modules, "otel": otel, "http": http,
+        "debug": debug, "debug_allow": debug_allow, "record_history": record_history,
+        "oom_dump_dir": oom_dump_dir, "census_every": census_every, "census_budget": census_budget,
     }
     return _exporter.start(model=model, optimizer=optimizer, meter_provider=meter_provider, **settings)
 

@@ -8,6 +8,7 @@ naming the knob and the value.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -76,6 +77,54 @@ def _opt_path(name: str, value: object) -> str | None:
     return str(path)
 
 
+def _fraction(name: str, value: object) -> float:
+    """A fraction in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"memexporter: {name} must be a number, got {value!r} ({type(value).__name__})")
+    try:
+        x = float(value)
+    except ValueError:
+        raise ValueError(f"memexporter: {name} must be a number, got {value!r}") from None
+    if not 0 < x <= 1:
+        raise ValueError(f"memexporter: {name} must be a fraction above 0 and at most 1, got {value!r}")
+    return x
+
+
+def _networks(name: str, value: object) -> tuple[str, ...]:
+    """IP networks in CIDR form, comma- or space-separated (or a list); a bare address is a /32 or /128."""
+    if isinstance(value, str):
+        items = [v for v in value.replace(",", " ").split() if v]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = [v.strip() for v in value]
+    else:
+        raise TypeError(f"memexporter: {name} must be networks in CIDR form (a string or a list of strings), got {value!r}")
+    out = []
+    for item in items:
+        try:
+            out.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ValueError(f"memexporter: {name} must be networks in CIDR form such as 10.0.0.0/8 or fd00::/8; "
+                             f"{item!r} in {value!r} is not one") from None
+    return tuple(out)
+
+
+def _opt_dir(name: str, value: object) -> str | None:
+    """A directory that exists and is writable, or can be created (by the exporter, at start)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"memexporter: {name} must be a directory path, got {value!r}")
+    path = os.path.abspath(os.fspath(value))
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"memexporter: {name} must be a directory, but {existing!r} is a file (from {value!r})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"memexporter: {name} is not writable: {existing!r} (from {value!r})")
+    return path
+
+
 @dataclass(frozen=True)
 class Knob:
     """One setting: its parser, default and documentation."""
@@ -104,6 +153,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("max_modules", _positive, 100, "Most module rows per tracked model; the smallest fold into their parent."),
     Knob("otel", _bool, False, "Push the metrics over OTLP, configured by the standard OTEL_EXPORTER_OTLP_* and OTEL_* variables (pip install 'memexporter[otel]'). start(meter_provider=...) uses the application's provider instead."),
     Knob("http", _bool, True, "Serve /metrics over HTTP. False (with otel) runs push-only: no port is opened."),
+    Knob("debug", _bool, False, "Serve /debug/memory (tensor census, growing groups and their holders, OOM view) and /debug/snapshot (CUDA allocator snapshot). Loopback clients only, unless debug_allow names theirs."),
+    Knob("debug_allow", _networks, (), "Networks besides loopback allowed to read /debug/* (CIDR, comma-separated, e.g. 10.0.0.0/8); other clients get 403."),
+    Knob("record_history", _bool, False, "CUDA: record allocation stack traces (torch.cuda.memory._record_memory_history, Python frames, the last 100000 events), so snapshots show who allocated each block. About 2 us per allocation (PyTorch's figure)."),
+    Knob("oom_dump_dir", _opt_dir, None, "Directory for the pre-mortem (the census, written once when the OOM ETA drops under 5 minutes or use passes 95 % of the limit) and, on CUDA, the allocator snapshot at an OOM. Created if missing."),
+    Knob("census_every", _positive, 50, "Steps between tensor censuses (with debug or oom_dump_dir), stretched when a census would cost more than census_budget."),
+    Knob("census_budget", _fraction, 0.005, "Most of the training time the censuses may take (0.005: 0.5 %); the census interval stretches to stay under it. 1 never stretches."),
 )
 
 BY_NAME: Mapping[str, Knob] = {k.name: k for k in KNOBS}
@@ -126,6 +181,12 @@ class Config:
     max_modules: int
     otel: bool
     http: bool
+    debug: bool
+    debug_allow: tuple[str, ...]
+    record_history: bool
+    oom_dump_dir: str | None
+    census_every: int
+    census_budget: float
 
     @classmethod
     def resolve(cls, explicit: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> Config:

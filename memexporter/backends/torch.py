@@ -14,7 +14,8 @@ only its own figure and is logged once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.cuda
@@ -167,3 +168,34 @@ class TorchBackend:
     def versions(self) -> tuple[str, str]:
         """``(torch.__version__, torch.version.cuda or "")``."""
         return str(torch.__version__), str(torch.version.cuda or "")
+
+    # --- Diagnosis (memexporter/diagnose): allocator snapshots, history, the OOM observer. -----
+
+    def is_initialized(self) -> bool:
+        """Whether this process has initialised CUDA (cheap; creates nothing)."""
+        return _initialized()
+
+    def memory_snapshot(self) -> dict[str, Any] | None:
+        """``torch.cuda.memory._snapshot()``: segments, blocks and, with history on, traces.
+
+        ``None`` when CUDA is not initialised (a snapshot must not create a context).
+        """
+        if not _initialized():
+            return None
+        return dict(torch.cuda.memory._snapshot())
+
+    def record_memory_history(self, max_entries: int) -> None:
+        """Record allocation stack traces (Python frames) and the last ``max_entries`` events.
+
+        ``_record_memory_history("all", context="all", stacks="python")``: PyTorch documents
+        about 2 us per traced allocation and "several KB" per kept event. Python stacks only,
+        because C++ frames make every snapshot slow to symbolise. Call after CUDA is initialised:
+        the allocator applies it to the devices it has set up.
+        """
+        torch.cuda.memory._record_memory_history("all", context="all", stacks="python", max_entries=max_entries)
+
+    def attach_oom_observer(self, observer: Callable[[int, int, int, int], None]) -> None:
+        """Call ``observer(device, bytes asked, device limit, device free)`` at every CUDA OOM,
+        before the exception unwinds (``torch._C._cuda_attach_out_of_memory_observer``). It
+        cannot be detached; the observer must check whether it is still wanted."""
+        torch._C._cuda_attach_out_of_memory_observer(observer)  # type: ignore[attr-defined]

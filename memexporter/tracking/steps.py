@@ -89,6 +89,8 @@ class StepTracker:
         self._cuda_indices: list[int] = []
         self.steps = 0
         self.errors = 0
+        # Called as fn(step) after each boundary, on the training thread (the tensor census).
+        self._boundary_callbacks: tuple[Callable[[int], None], ...] = ()
 
     def _read(self, refresh: bool = False) -> dict[str, tuple[int, int]]:
         """``{device: (used, lifetime high-water mark)}`` for cpu and each CUDA device in use.
@@ -130,8 +132,18 @@ class StepTracker:
                     peak = _step_peak(dev, used, high_water)
                     dev.window.add(self.steps, now, float(used), float(peak))
                     dev.high_water, dev.last_used, dev.step_max = high_water, used, used
+                steps = self.steps
+            for callback in self._boundary_callbacks:
+                callback(steps)
         except Exception:
             self._failed()
+
+    def add_boundary_callback(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(step)`` after every boundary, on the training thread. It must not raise."""
+        self._boundary_callbacks += (callback,)
+
+    def remove_boundary_callback(self, callback: Callable[[int], None]) -> None:
+        self._boundary_callbacks = tuple(c for c in self._boundary_callbacks if c != callback)
 
     def snapshot(self) -> StepSnapshot:
         with self._lock:
