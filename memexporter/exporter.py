@@ -21,11 +21,12 @@ from memexporter import __version__
 from memexporter.config import Config
 from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.scrape import Identity, Sources
-from memexporter.server import Server, serve
+from memexporter.server import Route, Server, serve
 from memexporter.tracking import steps
 
 if TYPE_CHECKING:
     from memexporter.otel import OtelHandle
+    from memexporter.diagnose.wiring import Diagnostics
 
 log = logging.getLogger("memexporter")
 
@@ -53,6 +54,7 @@ class Exporter:
         self.pid = os.getpid()
         self.tracked: list[Any] = []  # handles from start(model=...), removed on stop()
         self.otel: OtelHandle | None = None  # the OpenTelemetry side (memexporter/otel/), shut down on stop()
+        self.diagnostics: Diagnostics | None = None  # debug / oom_dump_dir (memexporter/diagnose)
 
     @property
     def port(self) -> int | None:
@@ -78,6 +80,8 @@ class Exporter:
             for handle in self.tracked:
                 handle.remove()
             self.tracked.clear()
+            if self.diagnostics is not None:
+                self.diagnostics.close()
             if self._server is not None:
                 self._server.stop()
                 self._server = None
@@ -151,6 +155,7 @@ def _start_locked(config: Config, meter_provider: Any = None) -> Exporter:
     from memexporter.backends.host import HostBackend
     from memexporter.backends.nvml import NvmlBackend
     from memexporter.backends.torch import TorchBackend
+    from memexporter.diagnose.wiring import attach as attach_diagnostics
 
     ident = identity()
     port = _port_for_rank(config, ident)
@@ -159,8 +164,11 @@ def _start_locked(config: Config, meter_provider: Any = None) -> Exporter:
     sources = Sources(ident, config, cuda, NvmlBackend(), host, tracker, __version__)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MemexporterCollector(catalogue(), sources))
-    server = _bind(registry, config, port) if config.http else None
+    diagnostics = attach_diagnostics(config, sources, cuda)
+    routes = diagnostics.routes if diagnostics is not None else None
+    server = _bind(registry, config, port, routes) if config.http else None
     exporter = Exporter(config, sources, registry, server)
+    exporter.diagnostics = diagnostics
     try:
         _attach_otel(exporter, meter_provider)
     except Exception:  # strict=True and OTLP push cannot be set up: free the port before raising
@@ -185,9 +193,9 @@ def _attach_otel(exporter: Exporter, meter_provider: Any) -> None:
                            meter_provider=meter_provider, strict=exporter.config.strict)
 
 
-def _bind(registry: CollectorRegistry, config: Config, port: int) -> Server | None:
+def _bind(registry: CollectorRegistry, config: Config, port: int, routes: dict[str, Route] | None = None) -> Server | None:
     try:
-        return serve(registry, port, config.addr, config.certfile, config.keyfile)
+        return serve(registry, port, config.addr, config.certfile, config.keyfile, routes=routes)
     except OSError as exc:
         if config.strict:
             raise
