@@ -1,4 +1,4 @@
-"""The ``memexporter`` command: ``demo``, ``run`` and ``rules``.
+"""The ``memexporter`` command: ``demo``, ``run``, ``rules`` and ``inspect``.
 
 ``memexporter run [options] script.py [args...]`` (or ``-m module``) runs a training script with
 the exporter started, like ``python -m cProfile``: no code change. Its options are generated
@@ -83,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("target", nargs="?", help="script path, or module name with -m")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
+    from memexporter.diagnose.inspect import add_parser as add_inspect
+
+    add_inspect(sub)
+
     rules = sub.add_parser("rules", help="print the Prometheus recording and alerting rules", add_help=False)
     rules.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -98,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _configure_logging(args.log_level)
     try:
+        if args.command == "inspect":
+            from memexporter.diagnose.inspect import run as run_inspect
+
+            return run_inspect(args)
         if args.command == "demo":
             from memexporter.demo import run as run_demo
 
