@@ -41,6 +41,8 @@ class TinyGPT(nn.Module):
         self.head.weight = self.embed.weight  # tied, as in GPT-2: counted once
         # GPT-2's init: with nn.Embedding's N(0, 1) the tied head starts with logits ~10x too big.
         nn.init.normal_(self.embed.weight, std=0.02)
+        # --leak-mib-per-step keeps its tensors here, so /debug/memory names a real holder.
+        self.leak_store: list[torch.Tensor] = []
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], device=tokens.device)
@@ -106,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if world > 1:
         torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
-    model: nn.Module = TinyGPT(layers=args.layers, d_model=args.d_model).to(device)
+    gpt = TinyGPT(layers=args.layers, d_model=args.d_model).to(device)
+    model: nn.Module = gpt
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -133,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             step += 1
             if args.leak_mib_per_step:
                 # ones(), not empty(): on the CPU untouched pages never become resident.
-                kept.append(torch.ones(int(args.leak_mib_per_step * MiB) // 4, dtype=torch.float32, device=device))
+                gpt.leak_store.append(torch.ones(int(args.leak_mib_per_step * MiB) // 4, dtype=torch.float32, device=device))
             if args.eval_every and step % args.eval_every == 0:
                 with torch.no_grad():
                     model(torch.randint(0, 512, (args.batch_size * 4, args.seq_len), device=device))
