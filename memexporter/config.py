@@ -158,7 +158,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("record_history", _bool, False, "CUDA: record allocation stack traces (torch.cuda.memory._record_memory_history, Python frames, the last 100000 events), so snapshots show who allocated each block. About 2 us per allocation (PyTorch's figure)."),
     Knob("oom_dump_dir", _opt_dir, None, "Directory for the pre-mortem (the census, written once when the OOM ETA drops under 5 minutes or use passes 95 % of the limit) and, on CUDA, the allocator snapshot at an OOM. Created if missing."),
     Knob("census_every", _positive, 50, "Steps between tensor censuses (with debug or oom_dump_dir), stretched when a census would cost more than census_budget."),
-    Knob("census_budget", _fraction, 0.005, "Most of the training time the censuses may take (0.005: 0.5 %); the census interval stretches to stay under it. 1 never stretches."),
+    Knob("census_budget", _fraction, 0.005, "Most of the training time the censuses may take (0.005: 0.5 %); the census interval stretches to stay under it. 1 turns the stretching off."),
 )
 
 BY_NAME: Mapping[str, Knob] = {k.name: k for k in KNOBS}

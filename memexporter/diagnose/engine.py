@@ -40,10 +40,10 @@ UNEXPLAINED_AFTER = 3
 def next_census(step: int, every: int, budget: float, cost: float, elapsed: float, steps: int, prompt: bool) -> int:
     """The step of the next census: ``every`` steps on, or later so that ``cost`` (seconds) stays
     under ``budget`` of the training wall time per census interval (``elapsed`` seconds over
-    ``steps`` steps since the last census, the census included). ``prompt``: ``every``, whatever
-    the cost. At most ``100 * every`` steps on."""
+    ``steps`` steps since the last census, the census included). ``prompt``, or a budget of 1:
+    ``every``, whatever the cost. At most ``100 * every`` steps on."""
     per_step = max(1e-9, (elapsed - cost) / max(1, steps))
-    needed = 0 if prompt or cost <= 0 else math.ceil(cost / (budget * per_step))
+    needed = 0 if prompt or cost <= 0 or budget >= 1 else math.ceil(cost / (budget * per_step))
     return step + min(max(every, needed), 100 * every)
 
 
@@ -111,6 +111,7 @@ class Diagnosis:
         """Take a census now, analyse it and publish the findings (training thread). ``prompt``:
         the next census comes after ``every`` steps, not later, whatever the budget."""
         started = self._clock()
+        self.next_step = step + self.every  # a census that fails is not retried at every step
         scan = census.take(step, self._keys)
         self._keys = scan.keys
         self._history.append(growth.Point(step, scan.census.counts(), scan.census.left_out == 0))

@@ -69,6 +69,15 @@ def _label(container: Any, child: Any) -> tuple[str, object]:
     return "[*]", None
 
 
+def _short(qualname: str) -> str:
+    """``make.<locals>.step`` -> ``step``: where a class or function was defined is noise here."""
+    return qualname.rsplit("<locals>.", 1)[-1]
+
+
+def _code_name(code: types.CodeType) -> str:
+    return _short(getattr(code, "co_qualname", code.co_name))
+
+
 def _instance_dict(obj: Any) -> dict[str, Any] | None:
     try:  # object.__getattribute__: a class's own __getattr__/__getattribute__ must not run
         d = object.__getattribute__(obj, "__dict__")
@@ -85,18 +94,19 @@ def _anchor(ref: Any, child: _Node) -> tuple[str, _Node] | None:
         return (f"{ref.__name__}.{child.key}", below) if own_dict and below and vars(ref) is obj else None
     if isinstance(ref, type):
         if own_dict and below and vars(ref).get(str(child.key)) is below.obj:
-            return f"{ref.__qualname__}.{child.key}", below
+            return f"{_short(ref.__qualname__)}.{child.key}", below
         return None
     if isinstance(ref, types.FrameType):  # a finished frame, kept by a traceback
         code = ref.f_code
         name = next((k for k, v in ref.f_locals.items() if v is obj), "?")
-        return f"{getattr(code, 'co_qualname', code.co_name)}() local {name}", child
+        return f"{_code_name(code)}() local {name}", child
     if isinstance(ref, (types.GeneratorType, types.CoroutineType)):
-        return f"{ref.__qualname__}() (a suspended generator's local)", child
+        return f"{_short(ref.__qualname__)}() (a suspended generator's local)", child
     if isinstance(ref, types.FunctionType):
-        if obj is ref.__closure__:
-            return f"{ref.__qualname__}() closure", child
-        return (f"{ref.__qualname__}() default argument", child) if obj is ref.__defaults__ else None
+        if obj is ref.__closure__ and below is not None and isinstance(child.key, int) and below.below is not None:
+            # closure tuple -> cell -> value: name the free variable, skip the tuple and the cell.
+            return f"{_short(ref.__qualname__)}() closure {ref.__code__.co_freevars[child.key]}", below.below
+        return (f"{_short(ref.__qualname__)}() default argument", child) if obj is ref.__defaults__ else None
     cls = type(ref).__name__
     d = _instance_dict(ref)
     if d is not None:
@@ -169,19 +179,30 @@ def find_holders(samples: Sequence[Any], ignore: Iterable[object] = ()) -> list[
     return found
 
 
+def _depth(node: _Node) -> int:
+    depth = 0
+    while node.below is not None:
+        node, depth = node.below, depth + 1
+    return depth
+
+
 def _from_stack(found: list[list[str]], nodes: dict[int, _Node]) -> None:
-    """Last resort for samples with no holder: a local of a running frame on this thread's stack."""
+    """Last resort for samples with no holder: a local of a running frame on this thread's stack.
+    The container closest to the root wins (a loop's ``kept`` list over a helper's argument)."""
     if all(found):
         return
+    best: dict[int, tuple[int, str]] = {}
     frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if not frame.f_code.co_filename.startswith(_PACKAGE):
-            code = frame.f_code
             for var, value in list(frame.f_locals.items()):
                 node = nodes.get(id(value))
                 if node is None or node.obj is not value:
                     continue
+                depth = _depth(node)
                 for origin in node.origins:
-                    if not found[origin]:
-                        found[origin].append(_render(f"{getattr(code, 'co_qualname', code.co_name)}() local {var}", node))
+                    if not found[origin] and depth > best.get(origin, (-1, ""))[0]:
+                        best[origin] = (depth, _render(f"{_code_name(frame.f_code)}() local {var}", node))
         frame = frame.f_back
+    for origin, (_, name) in best.items():
+        found[origin].append(name)
