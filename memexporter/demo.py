@@ -9,7 +9,6 @@ so every metric, alert and dashboard has something real to show.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -18,6 +17,8 @@ import torch
 from torch import nn
 
 import memexporter
+from memexporter.diagnose.words import fmt_bytes as _fmt_bytes
+from memexporter.diagnose.words import fmt_eta as _fmt_eta
 from memexporter.exporter import Exporter
 from memexporter.scrape import Scrape
 from memexporter.trend import estimate
@@ -51,24 +52,6 @@ class TinyGPT(nn.Module):
             x = block(x, src_mask=mask, is_causal=True)
         logits: torch.Tensor = self.head(self.norm(x))
         return logits
-
-
-def _fmt_bytes(n: float) -> str:
-    if not math.isfinite(n):
-        return "inf"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def _fmt_eta(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "none"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 def _status(exp: Exporter, device: str) -> tuple[float, float, str]:

@@ -10,8 +10,10 @@ view, a tied weight or a parameter that is also an optimizer's key counts once.
 Kinds, in priority order (a storage that is both a parameter and elsewhere a plain tensor is a
 parameter): ``parameter`` (``nn.Parameter``), ``gradient`` (a leaf's ``.grad``),
 ``optimizer_state`` (a tensor in any ``Optimizer.state``), ``other``. A storage takes the
-device, dtype and shape of its largest visible tensor, so a leaked view reports its own shape but
-the bytes of the whole storage it keeps alive (``views`` counts those).
+device, dtype and shape of its largest visible tensor. A view keeps its base tensor alive
+(``view._base``), so a leaked slice of a batch shows up as the whole batch; a tensor that shares a
+storage without a base (``set_()``, ``from_file``) reports its own shape but the bytes of the
+whole storage (``views`` counts those).
 
 Saved tensors of autograd graphs have no Python object: they are measured by ``autograd.py``.
 """

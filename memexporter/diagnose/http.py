@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qs
 
+from memexporter.diagnose.engine import Diagnosis
 from memexporter.diagnose.report import DEFAULT_TOP, document
 from memexporter.server import Route, WSGIApp
 
@@ -63,13 +64,18 @@ def _top(environ: dict[str, Any]) -> int:
         return DEFAULT_TOP
 
 
-def memory_app(diagnosis: Any) -> WSGIApp:
+def memory_app(diagnosis: Diagnosis) -> WSGIApp:
     """``/debug/memory``: the census, the growing groups and their holders, graphs, the OOM view."""
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        body = json.dumps(document(diagnosis, _top(environ)), allow_nan=False).encode()
+        head = environ.get("REQUEST_METHOD") == "HEAD"
+        try:
+            body = json.dumps(document(diagnosis, _top(environ)), allow_nan=False).encode()
+        except Exception as exc:  # a 500 that says why; wsgiref would print a traceback per request
+            diagnosis.errors += 1
+            return _plain(start_response, "500 Internal Server Error", f"memexporter: {type(exc).__name__}: {exc}\n", head)
         start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
-        return [] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
+        return [] if head else [body]
 
     return app
 
@@ -79,7 +85,10 @@ def snapshot_app(snapshot: Callable[[], dict[str, Any] | None], rank: str) -> WS
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         head = environ.get("REQUEST_METHOD") == "HEAD"
-        data = snapshot()
+        try:
+            data = snapshot()
+        except Exception as exc:
+            return _plain(start_response, "500 Internal Server Error", f"memexporter: {type(exc).__name__}: {exc}\n", head)
         if data is None:
             return _plain(start_response, "409 Conflict", "no CUDA allocator in use in this process (a CPU job, "
                           "or CUDA not initialised yet): nothing to snapshot\n", head)
@@ -93,7 +102,7 @@ def snapshot_app(snapshot: Callable[[], dict[str, Any] | None], rank: str) -> WS
     return app
 
 
-def routes(diagnosis: Any, snapshot: Callable[[], dict[str, Any] | None], allow: Sequence[str]) -> dict[str, Route]:
+def routes(diagnosis: Diagnosis, snapshot: Callable[[], dict[str, Any] | None], allow: Sequence[str]) -> dict[str, Route]:
     """The debug routes, each behind the peer check."""
     rank = diagnosis.sources.rank
     return {

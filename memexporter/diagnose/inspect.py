@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from memexporter.diagnose.words import fmt_bytes, fmt_group, fmt_rate
+from memexporter.diagnose.words import fmt_bytes, fmt_eta, fmt_group, fmt_rate
 
 DEFAULT_URL = "http://localhost:9400/debug/memory"
 
@@ -61,14 +61,6 @@ def table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list
             for line in [headers, *rows]]
 
 
-def _eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "none"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
-
-
 def render(doc: dict[str, Any], top: int) -> str:
     """The document as text: header, growth, graphs, OOM view, census."""
     census = doc.get("census")
@@ -97,7 +89,7 @@ def render(doc: dict[str, Any], top: int) -> str:
             [d, fmt_bytes(v["used_bytes"]), fmt_bytes(v["limit_bytes"]),
              f"{100 * v['utilisation']:.1f}%" if v["utilisation"] is not None else "-",
              fmt_bytes(v["leak_bytes_per_step"]), fmt_bytes(v["leak_bytes_per_second"]) + "/s",
-             _eta(v["oom_eta_seconds"])] for d, v in oom.items()])
+             fmt_eta(v["oom_eta_seconds"])] for d, v in oom.items()])
     if census is not None:
         groups = census["groups"][:top]
         more = census["groups_left_out"] + len(census["groups"]) - len(groups)

@@ -1,5 +1,5 @@
-"""The diagnosis in words: the one-line log messages, and byte/shape formatting shared with
-``memexporter inspect``."""
+"""The diagnosis in words: the one-line log messages, and the byte, time and shape formatting
+shared with ``memexporter inspect`` and the demo's progress line. No torch."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"  # pragma: no cover - the loop returns at TiB
+
+
+def fmt_eta(seconds: float | None) -> str:
+    """``12m30s``, ``3h05m``; ``none`` when not growing (None or +Inf)."""
+    if seconds is None or not math.isfinite(seconds):
+        return "none"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 def fmt_group(dtype: str, shape: Sequence[int]) -> str:

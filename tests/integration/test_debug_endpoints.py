@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -18,15 +18,9 @@ from torch import nn
 
 import memexporter
 from memexporter.tracking import steps
+from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def _stopped() -> Iterator[None]:
-    memexporter.stop()
-    yield
-    memexporter.stop()
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_around")]
 
 
 def get(url: str, method: str = "GET") -> tuple[int, str, bytes]:
@@ -185,3 +179,18 @@ def test_memory_answers_from_the_last_census_while_the_next_one_hangs(monkeypatc
     finally:
         release.set()
         stuck.join(10)
+
+
+def test_a_failing_document_is_a_500_that_says_why_not_a_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    from memexporter.diagnose import http
+
+    def broken(diagnosis: Any, top: int) -> Any:
+        raise ValueError("Out of range float values are not JSON compliant")
+
+    exp = memexporter.start(port=0, addr="127.0.0.1", debug=True)
+    monkeypatch.setattr(http, "document", broken)
+    status, _, body = get(f"http://127.0.0.1:{exp.port}/debug/memory")
+    assert status == 500 and b"ValueError: Out of range float" in body
+    assert get(f"http://127.0.0.1:{exp.port}/metrics")[0] == 200
+    assert "Traceback" not in capfd.readouterr().err  # nothing on the job's stderr per request

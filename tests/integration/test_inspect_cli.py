@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
@@ -15,16 +14,10 @@ from prometheus_client import CollectorRegistry
 import memexporter
 from memexporter.diagnose.inspect import memory_url, run
 from memexporter.server import Route, serve
+from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def _stopped() -> Iterator[None]:
-    memexporter.stop()
-    yield
-    memexporter.stop()
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_around")]
 
 
 def inspect(url: str, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
