@@ -52,8 +52,11 @@ class Graph:
 
 
 def _mark(node: Any) -> Mark | None:
-    seq = int(node._sequence_nr())
-    return None if seq == LEAF_SEQUENCE_NR else (seq, str(node.name()))
+    try:
+        seq = int(node._sequence_nr())
+        return None if seq == LEAF_SEQUENCE_NR else (seq, str(node.name()))
+    except Exception:  # an exotic node type: no mark, the walk goes on
+        return None
 
 
 def inspect_graphs(roots: Sequence[Any], previous: frozenset[Mark]) -> tuple[list[Graph], dict[tuple[str, str, tuple[int, ...], str], list[Any]], frozenset[Mark]]:

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 import torch
+from prometheus_client import make_wsgi_app
 from torch import nn
 
 import memexporter
+from memexporter.server import router
 from memexporter.tracking import steps
 from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 
@@ -106,8 +108,9 @@ def test_memory_document_names_the_growing_group_and_its_holder() -> None:
 )
 def test_peers_outside_loopback_and_the_allowed_networks_get_403(peer: str, allow: str | None, status: str) -> None:
     exp = memexporter.start(port=0, addr="127.0.0.1", debug=True, debug_allow=allow)
-    assert exp._server is not None
-    app = exp._server.httpd.get_app()  # the router as served: the debug routes behind their check
+    assert exp.diagnostics is not None
+    # The router as the server runs it, with the exporter's own debug routes behind their check.
+    app = router(make_wsgi_app(exp.registry), "memexporter", exp.diagnostics.routes)
     for path in ("/debug/memory", "/debug/snapshot"):
         got, body = call(app, path, peer)
         if status.startswith("403"):
