@@ -9,6 +9,7 @@ so every metric, alert and dashboard has something real to show.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time

@@ -25,8 +25,8 @@ from memexporter.server import Route, Server, serve
 from memexporter.tracking import steps
 
 if TYPE_CHECKING:
-    from memexporter.otel import OtelHandle
     from memexporter.diagnose.wiring import Diagnostics
+    from memexporter.otel import OtelHandle
 
 log = logging.getLogger("memexporter")
 

@@ -86,7 +86,7 @@ def render(doc: dict[str, Any], top: int) -> str:
     if oom and "error" not in oom:
         lines += ["", "OOM view"]
         lines += table(["device", "used", "limit", "use", "leak/step", "leak/s", "OOM ETA"], [
-            [d, fmt_bytes(v["used_bytes"]), fmt_bytes(v["limit_bytes"]),
+            [d, fmt_bytes(v["used_bytes"]), fmt_bytes(v["limit_bytes"]) if v["limit_bytes"] is not None else "unknown",
              f"{100 * v['utilisation']:.1f}%" if v["utilisation"] is not None else "-",
              fmt_bytes(v["leak_bytes_per_step"]), fmt_bytes(v["leak_bytes_per_second"]) + "/s",
              fmt_eta(v["oom_eta_seconds"])] for d, v in oom.items()])

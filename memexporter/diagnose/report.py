@@ -36,15 +36,16 @@ def estimates(sources: Sources, limits: dict[str, float] | None = None) -> dict[
 
 
 def oom_view(sources: Sources) -> dict[str, dict[str, Any]]:
-    """Per device: used, limit, utilisation, leak rates, OOM ETA (null: not growing), peak, baseline."""
+    """Per device: used, limit (null: unknown), utilisation, leak rates, OOM ETA (null: not growing or
+    no limit), peak, baseline."""
     views = Scrape(sources).views
-    ests = estimates(sources, {d: v.limit for d, v in views.items()})
+    ests = estimates(sources, {d: v.limit for d, v in views.items() if v.limit is not None})
     out: dict[str, dict[str, Any]] = {}
     for device, view in views.items():
         est = ests.get(device)
         out[device] = {
             "used_bytes": view.used, "limit_bytes": view.limit,
-            "utilisation": view.used / view.limit if view.limit > 0 else None,
+            "utilisation": view.used / view.limit if view.limit else None,  # None: limit unknown
             "leak_bytes_per_step": est.leak_bytes_per_step if est else 0.0,
             "leak_bytes_per_second": est.leak_bytes_per_second if est else 0.0,
             "oom_eta_seconds": _finite(est.oom_eta_seconds) if est else None,

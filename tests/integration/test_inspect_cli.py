@@ -12,7 +12,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 import memexporter
-from memexporter.diagnose.inspect import memory_url, run
+from memexporter.diagnose.inspect import memory_url, render, run
 from memexporter.server import Route, serve
 from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 from tests.support.ports import free_port
@@ -99,3 +99,13 @@ def test_nobody_listening_and_bad_urls(capsys: pytest.CaptureFixture[str]) -> No
     assert code == 1 and "cannot reach" in err and "LOCAL_RANK" in err
     code, _, err = inspect("ftp://node7/", capsys)
     assert code == 2 and "not an http(s) URL" in err
+
+
+def test_an_unknown_limit_reads_unknown(capsys: pytest.CaptureFixture[str]) -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1", debug=True)
+    code, out, _ = inspect(f"127.0.0.1:{exp.port}", capsys, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    doc["oom"]["cpu"].update(limit_bytes=None, utilisation=None, oom_eta_seconds=None)  # as when no limit is known
+    row = next(line for line in render(doc, 5).splitlines() if line.strip().startswith("cpu") and "none" in line)
+    assert row.split()[3:5] == ["unknown", "-"]
