@@ -23,7 +23,7 @@ def _add_knob_options(p: argparse.ArgumentParser) -> None:
     for knob in KNOBS:
         flag = "--" + knob.name.replace("_", "-")
         p.add_argument(flag, dest=knob.name, default=None, metavar=knob.name.upper(),
-                       help=f"{knob.doc} (env {knob.env}; default {knob.default!r})")
+                       help=f"{knob.doc} (env {knob.env}; default {knob.default!r})".replace("%", "%%"))  # argparse formats help with %
 
 
 def _run(args: argparse.Namespace) -> int:

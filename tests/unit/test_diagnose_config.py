@@ -72,3 +72,13 @@ def test_start_creates_the_dump_dir(tmp_path: Path) -> None:
         assert target.is_dir() and exp.diagnostics is not None and exp.diagnostics.routes == {}
     finally:
         exp.stop()
+
+
+def test_run_help_lists_the_knobs_with_their_percent_signs(capsys: pytest.CaptureFixture[str]) -> None:
+    from memexporter import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--help"])  # argparse %-formats help texts: "0.5 %" once broke it
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--census-budget" in out and "(0.005: 0.5 %)" in out and "--debug-allow" in out
