@@ -1,4 +1,4 @@
-"""The ``memexporter`` command: ``demo``, ``run``, ``rules`` and ``inspect``.
+"""The ``memexporter`` command: ``demo``, ``run``, ``rules``, ``inspect`` and ``sweep``.
 
 ``memexporter run [options] script.py [args...]`` (or ``-m module``) runs a training script with
 the exporter started, like ``python -m cProfile``: no code change. Its options are generated
@@ -89,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
 
     rules = sub.add_parser("rules", help="print the Prometheus recording and alerting rules", add_help=False)
     rules.add_argument("rest", nargs=argparse.REMAINDER)
+
+    from memexporter.sweep.command import add_parser as add_sweep
+
+    add_sweep(sub)
     return parser
 
 
@@ -99,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from memexporter import rules
 
         return rules.main(argv[1:])
+    if argv[:1] == ["sweep"]:  # owns its parser too: the measured command follows `--`
+        from memexporter.sweep.command import main as sweep
+
+        return sweep(argv[1:])
     args = _parser().parse_args(argv)
     _configure_logging(args.log_level)
     try:

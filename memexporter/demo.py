@@ -154,8 +154,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank-extra-mib", default=None, metavar="R:N", help="rank R holds N extra MiB (rank imbalance)")
     p.add_argument("--eval-every", type=int, default=0, metavar="K", help="an evaluation forward every K steps")
     p.add_argument("--warmup-steps", type=int, default=None, help="steps the leak estimate ignores at start")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--d-model", type=int, default=128)
+    # The sizes a `memexporter sweep` varies: memory grows with each.
+    p.add_argument("--batch-size", "--batch", type=int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
+    p.add_argument("--d-model", type=int, default=128, help="model width, a multiple of the 4 heads (default 128)")
     p.add_argument("--no-track", action="store_true", help="do not track per-module memory")
