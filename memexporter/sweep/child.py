@@ -1,20 +1,18 @@
 """One run of a sweep: a fresh child process with the exporter on, watched over its ``/metrics``.
 
-The exporter starts in the child the zero-touch way (``memexporter.bootstrap`` on ``PYTHONPATH``
-and ``MEMEXPORTER_AUTOSTART=1``), so a plain ``python train.py`` is measured with no code change,
-and ``memexporter demo`` / ``memexporter run`` start it themselves from the same variables. The
-child serves on a loopback port the sweep picks. The sweep polls ``memexporter_steps_total`` every
-``POLL_SECONDS``; after K steps it ends the child the way a user would (SIGINT, as Ctrl-C does,
-then SIGTERM, then SIGKILL), to its whole process group, so launchers and workers end too.
+The exporter starts in the child through the environment (``spawn.child_env``), so a plain
+``python train.py`` is measured with no code change, and ``memexporter demo`` / ``memexporter run``
+start it themselves from the same variables. The child serves on a loopback port the sweep picks. The sweep polls ``memexporter_steps_total`` every
+``POLL_SECONDS`` (less often once steps turn out slow); after K steps it ends the child the way a
+user would (SIGINT, as Ctrl-C does, then SIGTERM, then SIGKILL), to its whole process group, so
+launchers and workers end too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,74 +21,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
-from typing import BinaryIO, cast
 
-from memexporter.bootstrap import path as bootstrap_path
 from memexporter.sweep.reading import Observed, parse
+from memexporter.sweep.spawn import Tail, child_env, free_port
 
 POLL_SECONDS = 0.05
-TAIL_BYTES = 32 * 1024
+MAX_POLL_SECONDS = 1.0
 BOOTSTRAP_FAILED = "memexporter bootstrap: not started"
 # No proxy for a loopback scrape, whatever http_proxy says.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    """A loopback port that is free now, below the kernel's ephemeral range: a child importing torch
-    binds seconds later, and an ephemeral port could meanwhile go to some outgoing connection."""
-    try:
-        high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text(encoding="ascii").split()[0]) - 1
-    except (OSError, ValueError, IndexError):
-        high = 32767
-    for _ in range(200):
-        port = random.randint(10000, max(high, 10001))
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            with contextlib.suppress(OSError):
-                s.bind(("127.0.0.1", port))
-                return port
-    raise OSError("memexporter sweep: no free loopback port found in 200 tries")
-
-
-def child_env(port: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: the caller's, plus the bootstrap and the exporter's address. TLS
-    is turned off and the server forced on: the sweep reads plain HTTP on loopback."""
-    env = dict(os.environ if base is None else base)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_path(), env.get("PYTHONPATH", "")) if p)
-    env.update(MEMEXPORTER_AUTOSTART="1", MEMEXPORTER_PORT=str(port), MEMEXPORTER_ADDR="127.0.0.1",
-               MEMEXPORTER_STRICT="1", MEMEXPORTER_HTTP="1", MEMEXPORTER_CERTFILE="", MEMEXPORTER_KEYFILE="")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-class Tail:
-    """The last ``TAIL_BYTES`` of a pipe, read by a daemon thread (the child never blocks on a full pipe)."""
-
-    def __init__(self, stream: object) -> None:
-        self._buf = bytearray()
-        self._lock = threading.Lock()
-        self.version = 0
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream: object) -> None:
-        # The thread owns the pipe and closes it at EOF: closing it from outside while a read is
-        # blocked (a grandchild may hold the write end) could hand the fd number to another file.
-        if stream is None:
-            return
-        with cast(BinaryIO, stream) as pipe:
-            while chunk := pipe.read1(65536):  # type: ignore[attr-defined]  # a BufferedReader
-                with self._lock:
-                    self._buf += chunk
-                    del self._buf[:-TAIL_BYTES]
-                    self.version += 1
-
-    def text(self, wait: float = 0.0) -> str:
-        self._thread.join(wait)
-        with self._lock:
-            return self._buf.decode("utf-8", errors="replace")
 
 
 @dataclass
@@ -115,7 +55,7 @@ class Outcome:
 class StepClock:
     """Mean seconds per step from polls: each step count change is placed halfway between the poll
     that last saw the old count and the one that saw the new, so the mean over steps ``a..b`` is
-    off by at most ``POLL_SECONDS / (b - a)`` (plus the scrape time)."""
+    off by at most one poll interval divided by ``b - a`` (plus the scrape time)."""
 
     def __init__(self) -> None:
         self._prev: tuple[float, int] | None = None
@@ -180,7 +120,8 @@ class Child:
             if self.out.observed.steps >= self.steps:
                 self._stop("steps")
                 return
-            if err.version != seen:
+            if err.version != seen and not self.out.observed.scrapes:
+                # Before any answer only: later, it can be another rank's (port + LOCAL_RANK) failure.
                 seen = err.version
                 if BOOTSTRAP_FAILED in err.text():  # the child runs on, but without an exporter to read
                     self._stop("exporter")
@@ -188,7 +129,13 @@ class Child:
             if time.monotonic() - started > self.timeout:
                 self._stop("timeout")
                 return
-            time.sleep(max(0.0, POLL_SECONDS - (time.monotonic() - t0)))
+            time.sleep(max(0.0, self._interval() - (time.monotonic() - t0)))
+
+    def _interval(self) -> float:
+        """``POLL_SECONDS``, or a twentieth of a step once steps are known to be slower: the
+        step-time error stays within 5 % of one step over the run, and a slow job is scraped less."""
+        step = self._clock.seconds
+        return POLL_SECONDS if step is None else min(max(POLL_SECONDS, step / 20), MAX_POLL_SECONDS)
 
     def _signal(self, sig: int) -> None:
         assert self._proc is not None

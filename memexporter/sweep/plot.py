@@ -58,9 +58,11 @@ def plot(sweep: Sweep, mf: MaxFit, path: Path) -> Figure:
         (line,) = ax.plot([x(r) for r in runs], [r.peak_bytes / scale for r in runs if r.peak_bytes is not None],
                           marker="o", label=name)
         oom = [r for r in runs if r.oom]
-        if oom:
+        if oom:  # in the series' colour; one legend entry for all series, below
             ax.plot([x(r) for r in oom], [r.peak_bytes / scale for r in oom if r.peak_bytes is not None], linestyle="none",
-                    marker="X", markersize=11, color=line.get_color(), label=f"{name}: out of memory")
+                    marker="X", markersize=11, color=line.get_color(), label="_nolegend_")
+    if any(r.oom and r.peak_bytes is not None for r in sweep.runs):
+        ax.plot([], [], linestyle="none", marker="X", markersize=9, color="black", label="ran out of memory")
     if skipped := sorted({x(r) for r in sweep.runs if r.skipped}):
         # Not measured, so no height: marked along the bottom (x in data, y in axes fraction).
         ax.plot(skipped, [0.03] * len(skipped), linestyle="none", marker="v", color=PREDICTED_COLOR,
@@ -72,7 +74,7 @@ def plot(sweep: Sweep, mf: MaxFit, path: Path) -> Figure:
             ax.set_ylim(min(peaks) / scale * 0.95, max(peaks) / scale * 1.05)
     if mf.predicted.value is not None:
         ax.axvline(float(mf.predicted.value), color=PREDICTED_COLOR, linestyle=":",
-                   label=f"predicted largest fit: {first.name}={mf.predicted.value:g}")
+                   label=f"predicted largest fit: {label({first.name: f'{mf.predicted.value:g}', **mf.predicted.others})}")
     if not first.numeric or len(first.values) <= MAX_TICKS:
         ax.set_xticks([first.key(v) for v in first.values], list(first.values))
     cuda = any(r.device not in (None, "cpu") for r in sweep.runs)

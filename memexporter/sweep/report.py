@@ -166,6 +166,7 @@ class TerminalProgress(Progress):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self._started = time.monotonic()
+        self._shown = ""
 
     def _line(self, text: str, end: str = "\n") -> None:
         self.stream.write(("\r\033[K" if self.tty else "") + text + end)
@@ -176,9 +177,10 @@ class TerminalProgress(Progress):
         self._line(f"[{i + 1}/{n}] {label(params)}: starting", end="" if self.tty else "\n")
 
     def step(self, i: int, n: int, params: Params, steps: int, target: int) -> None:
-        if self.tty:
-            self._line(f"[{i + 1}/{n}] {label(params)}: step {min(steps, target)}/{target} "
-                       f"({time.monotonic() - self._started:.0f} s)", end="")
+        text = f"[{i + 1}/{n}] {label(params)}: step {min(steps, target)}/{target} ({time.monotonic() - self._started:.0f} s)"
+        if self.tty and text != self._shown:  # polled 20 times a second: redraw only what changed
+            self._shown = text
+            self._line(text, end="")
 
     def done(self, i: int, n: int, run: Run) -> None:
         figures = "" if run.skipped else f"peak {size(run.peak_bytes)}, {seconds(run.step_seconds)}/step, "

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from torch import nn
 
 import memexporter
-from memexporter.sweep.child import Outcome, StepClock
+from memexporter.sweep.child import Outcome
 from memexporter.sweep.fit import max_fit
 from memexporter.sweep.grid import parse_grid
 from memexporter.sweep.reading import Observed, parse
@@ -90,15 +90,6 @@ def test_limit_mib_overrides_the_device_limit() -> None:
     run = Run({"batch": "1"})
     judge(run, outcome(stopped_by="steps", peak_mib=300), limit_mib=256)
     assert run.limit_bytes == 256 * MiB and run.oom and run.oom_reason == "peak 300.0 MiB over the limit 256.0 MiB"
-
-
-def test_step_clock() -> None:
-    clock = StepClock()
-    # Polls every 0.1 s; one step every 0.25 s, completing at 0.25, 0.5, ...
-    for i in range(1, 40):
-        t = i * 0.1
-        clock.observe(t, int(t / 0.25))
-    assert clock.seconds == pytest.approx(0.25, abs=0.1 / 14)
 
 
 def finished_sweep() -> Sweep:

@@ -1,0 +1,51 @@
+"""What a sweep child is started with, and how its step time is read from polls."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from memexporter.bootstrap import path as bootstrap_path
+from memexporter.sweep.child import StepClock
+from memexporter.sweep.spawn import child_env, free_port
+
+
+def test_child_env_starts_the_exporter_on_the_sweeps_port_whatever_the_user_set() -> None:
+    user = {"PATH": "/usr/bin", "PYTHONPATH": "/src", "MEMEXPORTER_PORT": "9400", "MEMEXPORTER_HTTP": "0",
+            "MEMEXPORTER_CERTFILE": "/etc/cert.pem", "MEMEXPORTER_KEYFILE": "/etc/key.pem", "MEMEXPORTER_WARMUP_STEPS": "5"}
+    env = child_env(23456, user)
+    assert env["PYTHONPATH"] == f"{bootstrap_path()}{os.pathsep}/src"  # the user's path kept, after the bootstrap
+    assert env["MEMEXPORTER_AUTOSTART"] == "1" and env["MEMEXPORTER_PORT"] == "23456"
+    assert env["MEMEXPORTER_ADDR"] == "127.0.0.1" and env["MEMEXPORTER_HTTP"] == "1" and env["MEMEXPORTER_STRICT"] == "1"
+    assert env["MEMEXPORTER_CERTFILE"] == env["MEMEXPORTER_KEYFILE"] == ""  # plain HTTP on loopback
+    assert env["MEMEXPORTER_WARMUP_STEPS"] == "5" and env["PATH"] == "/usr/bin"  # the rest is the user's
+    assert user["MEMEXPORTER_PORT"] == "9400"  # not modified in place
+
+
+def test_free_port_is_below_the_ephemeral_range() -> None:
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+        low = int(fh.read().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(10000 <= p < low for p in ports)
+
+
+@pytest.mark.parametrize(("poll", "step"), [(0.05, 0.25), (0.05, 0.013), (0.5, 3.0)])
+def test_step_clock(poll: float, step: float) -> None:
+    clock = StepClock()
+    # Polls every `poll` seconds; a step completes every `step` seconds.
+    for i in range(1, 400):
+        t = i * poll
+        clock.observe(t, int(t / step))
+    assert clock.first is not None and clock.last is not None
+    n = clock.last[1] - clock.first[1]
+    assert clock.seconds == pytest.approx(step, abs=poll / n)
+
+
+def test_step_clock_needs_two_step_changes() -> None:
+    clock = StepClock()
+    clock.observe(1.0, 5)  # first answer: already at step 5, no lower bound
+    clock.observe(1.1, 6)
+    assert clock.seconds is None
+    clock.observe(1.2, 8)
+    assert clock.seconds == pytest.approx(0.05)
