@@ -117,13 +117,13 @@ def judge(run: Run, out: Outcome, limit_mib: float | None) -> None:
         run.status, run.fits = "ok", run.peak_bytes is not None
 
 
-def _no_step_error(run: Run, out: Outcome) -> tuple[str, str]:
+def _no_step_error(run: Run, out: Outcome, timeout: float) -> tuple[str, str]:
     """Why a run that is not an OOM ended without a single step: short, and long with its output's tail."""
     who = f"{label(run.params)} ({' '.join(out.argv)})"
     if out.stopped_by == "exporter":
         why = "the exporter did not start in the child"
     elif out.stopped_by == "timeout":
-        why = f"no training step within --timeout ({out.wall_seconds:.0f} s)"
+        why = f"no training step within --timeout ({timeout:g} s)"
     elif out.exit_code != 0:
         why = f"the command failed before its first step (exit code {out.exit_code})"
     elif not out.observed.scrapes:
@@ -150,7 +150,7 @@ def measure(params: Params, argv: Sequence[str], steps: int, limit_mib: float | 
     judge(run, out, limit_mib)
     if run.steps == 0 and not run.oom and not out.interrupted:
         run.status, run.fits = "failed", None
-        run.error, run.abort = _no_step_error(run, out)
+        run.error, run.abort = _no_step_error(run, out, timeout)
     return run, out
 
 

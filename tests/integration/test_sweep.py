@@ -173,3 +173,45 @@ def test_a_command_without_an_exporter_is_named(tmp_path: Path) -> None:
     assert "exited without ever serving /metrics" in proc.stderr and "done 1" in proc.stderr
     assert doc["runs"][0]["fits"] is None
 
+
+
+STUBBORN = ("import os, signal, sys, time\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+            "time.sleep(120)\n")
+
+
+def test_a_stuck_command_is_stopped_at_the_timeout_and_killed_after_the_grace(tmp_path: Path) -> None:
+    # It ignores SIGINT and SIGTERM and never steps: SIGKILL ends it, and that SIGKILL is ours, not an OOM.
+    started = time.monotonic()
+    proc, doc = sweep(tmp_path, "--grid", "n=1", "--timeout", "1", "--grace", "0.5", "--", sys.executable, "-c", STUBBORN,
+                      str(tmp_path / "pid-{n}"))
+    assert time.monotonic() - started < 30
+    assert proc.returncode == 1 and "no training step within --timeout (1 s)" in proc.stderr
+    (run,) = doc["runs"]
+    assert run["exit_code"] == -signal.SIGKILL and run["oom"] is False and run["status"] == "failed"
+
+
+def test_a_second_ctrl_c_kills_the_child_at_once(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    proc = subprocess.Popen([sys.executable, "-m", "memexporter", "sweep", "--grid", "n=1", "--grace", "60", "--", sys.executable,
+                             "-c", STUBBORN, str(pidfile) + "{n}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=module_env(), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "pid1").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # the child ignores the SIGINT it is sent: a 60 s grace begins
+        time.sleep(1.0)
+        assert proc.poll() is None
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert time.monotonic() - started < 10 and proc.returncode == 130, stderr
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "pid1").read_text()), 0)
