@@ -4,8 +4,8 @@
                       [--json OUT] [--csv OUT] [--plot OUT.png] -- COMMAND ARGS...
 
 Exit status: 0 when every run was measured (running out of memory is a result, not an error),
-1 when a command could not be measured or an output could not be written, 2 for bad arguments,
-130 after Ctrl-C (what was measured is still printed and written).
+1 when a command could not be measured, a run failed for another reason, or an output could not be
+written, 2 for bad arguments, 130 after Ctrl-C (what was measured is still printed and written).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def _positive(kind: type[int] | type[float], allow_zero: bool = False) -> argpar
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memexporter sweep", description=HELP, epilog=EPILOG,
+                                usage="memexporter sweep --grid NAME=V1,V2,... [--grid ...] [options] -- COMMAND ARGS...",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", action="append", metavar="NAME=V1,V2,...",
                    help="an axis: the values of the {NAME} placeholder (repeat for more axes; the first is plotted and fitted)")
@@ -143,4 +144,8 @@ def main(argv: Sequence[str]) -> int:
     if sweep.interrupted:
         print("memexporter sweep: interrupted; the table and files hold what was measured", file=sys.stderr)
         return 130
+    if failed := [r for r in sweep.runs if r.status == "failed"]:
+        print(f"memexporter sweep: {len(failed)} run(s) failed for a reason other than memory (see the result column)",
+              file=sys.stderr)
+        return 1
     return status

@@ -215,3 +215,21 @@ def test_a_second_ctrl_c_kills_the_child_at_once(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10 and proc.returncode == 130, stderr
     with pytest.raises(ProcessLookupError):
         os.kill(int((tmp_path / "pid1").read_text()), 0)
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_after_its_first_step_is_reported_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    code = ("import sys, torch\n"
+            "model = torch.nn.Linear(2, 2)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "model(torch.ones(1, 2)).sum().backward()\n"
+            "opt.step()\n"
+            "import time; time.sleep(0.5)\n"  # long enough for a poll to see the step
+            "sys.exit(int(sys.argv[1]))\n")
+    script = tmp_path / "crash.py"  # a file: the bootstrap leaves `python -c` alone
+    script.write_text(code)
+    proc, doc = sweep(tmp_path, "--grid", "code=3", "--", sys.executable, str(script), "{code}")
+    (run,) = doc["runs"]
+    assert run["status"] == "failed" and run["error"] == "exit code 3 after 1 step(s)" and run["fits"] is None
+    assert run["steps"] == 1 and run["peak_bytes"] > 0 and run["oom"] is False
+    assert proc.returncode == 1 and "1 run(s) failed for a reason other than memory" in proc.stderr
