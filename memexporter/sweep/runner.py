@@ -96,7 +96,7 @@ def judge(run: Run, out: Outcome, limit_mib: float | None) -> None:
     oom_line = next((ln.strip() for ln in reversed(out.stderr.splitlines()) if _OOM_TEXT.search(ln)), None)
     if obs.ooms > 0:
         run.oom_reason = f"the allocator counted {obs.ooms:.0f} OOM(s) (memexporter_allocator_ooms_total)"
-    elif oom_line is not None and out.exit_code != 0:
+    elif oom_line is not None:  # a crash, or an OOM the script caught and reported
         run.oom_reason = f"out of memory: {oom_line[:160]}"
     elif not ours and out.exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL):
         run.oom_reason = "killed by SIGKILL, which the sweep did not send (the kernel's OOM killer?)"

@@ -76,6 +76,8 @@ def outcome(stderr: str = "", exit_code: int = 0, stopped_by: str | None = None,
     (outcome(exit_code=-9, stopped_by="steps"), "ok", None),  # our own SIGKILL after the grace period
     (outcome(stopped_by="steps", peak_mib=1200), "oom", "peak 1200.0 MiB over the limit 1000.0 MiB"),
     (outcome("ValueError: bad shape", exit_code=1), "failed", None),
+    # A CPU MemoryError the script caught and reported, then trained on: still an OOM.
+    (outcome("batch too large (MemoryError), retrying smaller", stopped_by="steps", exit_code=0), "oom", "out of memory: batch too large"),
     (outcome(stopped_by="interrupt", exit_code=-2), "interrupted", None),
 ])
 def test_the_oom_verdict(out: Outcome, status: str, reason: str | None) -> None:
