@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 import timeit
@@ -130,12 +131,31 @@ def _untrack_stop(job: Job) -> None:
     _stop(job)
 
 
+# What a `memexporter sweep` child sees: its /metrics read 20 times a second, by another process.
+_POLLER = "import sys, time, urllib.request\nwhile True:\n    urllib.request.urlopen(sys.argv[1]).read()\n    time.sleep(0.05)\n"
+
+
+def _start_track_poll(job: Job) -> None:
+    _start_track(job)
+    job.state["poller"] = subprocess.Popen([sys.executable, "-c", _POLLER, job.state["exporter"].url],
+                                           stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # the poller's interpreter is up and scraping before the block is timed
+
+
+def _stop_poll_untrack(job: Job) -> None:
+    poller = job.state.pop("poller")
+    poller.kill()
+    poller.wait()
+    _untrack_stop(job)
+
+
 Variant = tuple[Callable[[Job], None], Callable[[Job], None]]
 VARIANTS: dict[str, Variant] = {
     "plain": (_nothing, _nothing),
     "start": (_start, _stop),  # step hooks only: issue 3's "the step hook adds no measurable time"
     "tracked": (_track, _untrack),  # module hooks only
     "start+track": (_start_track, _untrack_stop),  # what `start(model=...)` costs
+    "sweep-poll": (_start_track_poll, _stop_poll_untrack),  # start+track, scraped at 20 Hz as a sweep does
 }
 
 
