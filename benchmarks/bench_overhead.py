@@ -38,6 +38,7 @@ import memexporter
 from memexporter.collectors.modules import ModulesCollector
 from memexporter.config import Config
 from memexporter.scrape import Identity, Scrape, Sources
+from memexporter.sweep.child import POLL_SECONDS
 from memexporter.tracking.modules import track
 
 
@@ -131,8 +132,9 @@ def _untrack_stop(job: Job) -> None:
     _stop(job)
 
 
-# What a `memexporter sweep` child sees: its /metrics read 20 times a second, by another process.
-_POLLER = "import sys, time, urllib.request\nwhile True:\n    urllib.request.urlopen(sys.argv[1]).read()\n    time.sleep(0.05)\n"
+# What a `memexporter sweep` child sees: its /metrics read every POLL_SECONDS, by another process.
+_POLLER = ("import sys, time, urllib.request\nwhile True:\n    urllib.request.urlopen(sys.argv[1]).read()\n"
+           f"    time.sleep({POLL_SECONDS})\n")
 
 
 def _start_track_poll(job: Job) -> None:
@@ -155,7 +157,7 @@ VARIANTS: dict[str, Variant] = {
     "start": (_start, _stop),  # step hooks only: issue 3's "the step hook adds no measurable time"
     "tracked": (_track, _untrack),  # module hooks only
     "start+track": (_start_track, _untrack_stop),  # what `start(model=...)` costs
-    "sweep-poll": (_start_track_poll, _stop_poll_untrack),  # start+track, scraped at 20 Hz as a sweep does
+    "sweep-poll": (_start_track_poll, _stop_poll_untrack),  # start+track, scraped as often as a sweep does
 }
 
 

@@ -31,6 +31,9 @@ SPLIT = {
     "activations": spec("memexporter_module_activation_bytes").name,
 }
 _PER_DEVICE = (USED, LIMIT, PEAK, BASELINE, PEAK_ALLOCATED, PEAK_RESERVED, OOMS)
+# Every series carries labels (rank at least), so `name{` starts exactly its sample lines.
+_WANTED = tuple(f"{n}{{" for n in (STEPS, HOST_RSS, *_PER_DEVICE))
+_WANTED_SPLIT = _WANTED + tuple(f"{n}{{" for n in SPLIT.values())
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,20 @@ class Reading:
     split: dict[str, float] | None
 
 
-def parse(text: str) -> Reading:
-    """Read the sweep's figures from a Prometheus text exposition."""
+def parse(text: str, split_too: bool = True) -> Reading:
+    """Read the sweep's figures from a Prometheus text exposition.
+
+    Only the lines of the series used are handed to the parser: a sweep polls several times a
+    second, and the module rows (a hundred and more) are most of the text. ``split_too=False``
+    skips them as well (the split has ``None``).
+    """
+    wanted = _WANTED_SPLIT if split_too else _WANTED
+    lines = "\n".join(ln for ln in text.splitlines() if ln.startswith(wanted)) + "\n"
     steps, host_rss = 0.0, None
     per_device: dict[str, dict[str, float]] = defaultdict(dict)
     split: dict[str, float] = {}
     by_name = {v: k for k, v in SPLIT.items()}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(lines):
         for s in family.samples:
             if s.name == STEPS:
                 steps = max(steps, s.value)

@@ -178,7 +178,7 @@ class TerminalProgress(Progress):
 
     def step(self, i: int, n: int, params: Params, steps: int, target: int) -> None:
         text = f"[{i + 1}/{n}] {label(params)}: step {min(steps, target)}/{target} ({time.monotonic() - self._started:.0f} s)"
-        if self.tty and text != self._shown:  # polled 20 times a second: redraw only what changed
+        if self.tty and text != self._shown:  # polled 10 times a second: redraw only what changed
             self._shown = text
             self._line(text, end="")
 

@@ -81,8 +81,8 @@ def test_peaks_fits_and_max_fit_on_a_script_of_known_memory(tmp_path: Path, scri
     assert all(abs(g - UNIT_MIB) <= 0.2 * UNIT_MIB for g in growth), growth
     for b in (1, 2, 3, 4):
         assert runs[b]["steps"] >= 8 and runs[b]["device"] == "cpu" and runs[b]["limit_bytes"] == round(float(f"{limit:.1f}") * 2**20)
-        # The script sleeps 50 ms a step; polls every 50 ms place 7 step intervals within 50 / 7 ms.
-        assert 0.042 <= runs[b]["step_seconds"] < 0.5, runs[b]["step_seconds"]
+        # The script sleeps 50 ms a step; polls every 100 ms place 7 step intervals within 100 / 7 ms.
+        assert 0.035 <= runs[b]["step_seconds"] < 0.5, runs[b]["step_seconds"]
         assert runs[b]["baseline_bytes"] <= runs[b]["peak_bytes"]
     assert doc["max_fit"]["measured"] == {"batch": 3}
     assert doc["max_fit"]["predicted"] == 3, doc["max_fit"]  # the line reaches the limit at ~3.5
