@@ -134,12 +134,13 @@ def _untrack_stop(job: Job) -> None:
 
 # What a `memexporter sweep` child sees: its /metrics read every POLL_SECONDS, by another process.
 _POLLER = ("import sys, time, urllib.request\nwhile True:\n    urllib.request.urlopen(sys.argv[1]).read()\n"
-           f"    time.sleep({POLL_SECONDS})\n")
+           "    time.sleep(float(sys.argv[2]))\n")
+_poll_seconds = POLL_SECONDS  # --poll-seconds
 
 
 def _start_track_poll(job: Job) -> None:
     _start_track(job)
-    job.state["poller"] = subprocess.Popen([sys.executable, "-c", _POLLER, job.state["exporter"].url],
+    job.state["poller"] = subprocess.Popen([sys.executable, "-c", _POLLER, job.state["exporter"].url, str(_poll_seconds)],
                                            stderr=subprocess.DEVNULL)
     time.sleep(0.5)  # the poller's interpreter is up and scraping before the block is timed
 
@@ -221,7 +222,11 @@ def main() -> None:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: the training thread's CPU time (with --threads 1: immune to a busy machine)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model trains (default cpu)")
+    ap.add_argument("--poll-seconds", type=float, default=POLL_SECONDS,
+                    help=f"the sweep-poll variant's interval (default {POLL_SECONDS}, as memexporter sweep)")
     args = ap.parse_args()
+    global _poll_seconds
+    _poll_seconds = args.poll_seconds
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device")
     if args.device == "cuda" and args.clock == "cpu":

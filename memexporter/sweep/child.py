@@ -3,7 +3,7 @@
 The exporter starts in the child through the environment (``spawn.child_env``), so a plain
 ``python train.py`` is measured with no code change, and ``memexporter demo`` / ``memexporter run``
 start it themselves from the same variables. The child serves on a loopback port the sweep picks. The sweep polls ``memexporter_steps_total`` every
-``POLL_SECONDS`` (less often once steps turn out slow); after K steps it ends the child the way a
+``Timing.poll`` seconds (less often once steps turn out slow); after K steps it ends the child the way a
 user would (SIGINT, as Ctrl-C does, then SIGTERM, then SIGKILL), to its whole process group, so
 launchers and workers end too.
 """
@@ -79,13 +79,22 @@ class StepClock:
         return (self.last[0] - self.first[0]) / (self.last[1] - self.first[1])
 
 
-class Child:
-    """Run ``argv`` until ``steps`` steps, its exit, ``timeout`` seconds, or Ctrl-C (``KeyboardInterrupt``)."""
+@dataclass(frozen=True)
+class Timing:
+    """Seconds: how long a run may take, how long it has to exit after SIGINT, how often it is polled."""
 
-    def __init__(self, argv: Sequence[str], steps: int, timeout: float, grace: float,
+    timeout: float = 900.0
+    grace: float = 10.0
+    poll: float = POLL_SECONDS
+
+
+class Child:
+    """Run ``argv`` until ``steps`` steps, its exit, the timeout, or Ctrl-C (``KeyboardInterrupt``)."""
+
+    def __init__(self, argv: Sequence[str], steps: int, timing: Timing,
                  on_poll: Callable[[int], None] | None = None, env: Mapping[str, str] | None = None) -> None:
         self.out = Outcome(list(argv), free_port())
-        self.steps, self.timeout, self.grace = steps, timeout, grace
+        self.steps, self.timing = steps, timing
         self._on_poll = on_poll or (lambda _steps: None)
         self._env = child_env(self.out.port, env)
         self._clock = StepClock()
@@ -135,16 +144,16 @@ class Child:
                 if BOOTSTRAP_FAILED in err.text():  # the child runs on, but without an exporter to read
                     self._stop("exporter")
                     return
-            if time.monotonic() - started > self.timeout:
+            if time.monotonic() - started > self.timing.timeout:
                 self._stop("timeout")
                 return
             time.sleep(max(0.0, self._interval() - (time.monotonic() - t0)))
 
     def _interval(self) -> float:
-        """``POLL_SECONDS``, or a twentieth of a step once steps are known to be slower: the
+        """The poll interval, or a twentieth of a step once steps are known to be slower: the
         step-time error stays within 5 % of one step, and a slow job is scraped less."""
-        step = self._clock.seconds
-        return POLL_SECONDS if step is None else min(max(POLL_SECONDS, step / 20), MAX_POLL_SECONDS)
+        step, poll = self._clock.seconds, self.timing.poll
+        return poll if step is None else max(poll, min(step / 20, MAX_POLL_SECONDS))
 
     def _signal(self, sig: int) -> None:
         assert self._proc is not None
@@ -162,7 +171,7 @@ class Child:
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, kill_now) if main else None
         try:
-            for sig, wait in ((signal.SIGINT, self.grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, None)):
+            for sig, wait in ((signal.SIGINT, self.timing.grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, None)):
                 if self.out.exit_code is not None:
                     break
                 self._signal(sig)
@@ -187,4 +196,4 @@ class Child:
                 return True
             if deadline is None or time.monotonic() >= deadline:
                 return False
-            time.sleep(POLL_SECONDS)
+            time.sleep(min(self.timing.poll, 0.05))

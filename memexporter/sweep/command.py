@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memexporter.sweep import plot as plotting
+from memexporter.sweep.child import POLL_SECONDS, Timing
 from memexporter.sweep.fit import max_fit
 from memexporter.sweep.grid import SweepError, check_command, parse_grid, plan, substitute
 from memexporter.sweep.report import TerminalProgress, as_json, table, write_csv
@@ -63,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_positive(float), default=900.0, metavar="S", help="seconds a run may take (default 900)")
     p.add_argument("--grace", type=_positive(float, allow_zero=True), default=10.0, metavar="S",
                    help="seconds a run has to exit after SIGINT before SIGTERM, then SIGKILL (default 10)")
+    p.add_argument("--poll-seconds", type=_positive(float), default=POLL_SECONDS, metavar="S",
+                   help=f"how often the child's /metrics is read (default {POLL_SECONDS}); each read is one scrape of the "
+                        "child: fewer cost it less, more time its steps more sharply")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the runs and max_fit as JSON")
     p.add_argument("--csv", type=Path, metavar="OUT", help="write one row per run as CSV")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw peak against the first axis (needs matplotlib)")
@@ -120,7 +124,7 @@ def main(argv: Sequence[str]) -> int:
     print(f"memexporter sweep: {len(plan(axes))} configuration(s), {args.steps} steps each: {' '.join(command)}",
           file=sys.stderr, flush=True)
     try:
-        run_sweep(sweep, args.timeout, args.grace, TerminalProgress())
+        run_sweep(sweep, Timing(args.timeout, args.grace, args.poll_seconds), TerminalProgress())
     except SweepError as exc:
         sweep.error = str(exc)
     mf = max_fit(sweep)

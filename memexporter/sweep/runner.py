@@ -12,7 +12,7 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from memexporter.sweep.child import Child, Outcome
+from memexporter.sweep.child import Child, Outcome, Timing
 from memexporter.sweep.grid import Axis, Params, SweepError, dominates, label, plan, substitute
 
 MiB = 1 << 20
@@ -135,12 +135,12 @@ def _no_step_error(run: Run, out: Outcome, timeout: float) -> tuple[str, str]:
     return why, f"{who}: {why}" + (f"; its {'stderr' if out.stderr.strip() else 'stdout'} ends with:\n{tail_lines(text)}" if text else "")
 
 
-def measure(params: Params, argv: Sequence[str], steps: int, limit_mib: float | None, timeout: float,
-            grace: float, on_poll: Callable[[int], None]) -> tuple[Run, Outcome]:
+def measure(params: Params, argv: Sequence[str], steps: int, limit_mib: float | None, timing: Timing,
+            on_poll: Callable[[int], None]) -> tuple[Run, Outcome]:
     """Run one configuration (a fresh port when another process took the first)."""
     for attempt in range(PORT_RETRIES):
         try:
-            out = Child(argv, steps, timeout, grace, on_poll).run()
+            out = Child(argv, steps, timing, on_poll).run()
         except OSError as exc:  # Popen: not found, not executable
             raise SweepError(f"{label(params)}: cannot start {argv[0]!r}: {exc.strerror or exc}") from None
         taken = out.observed.steps == 0 and _PORT_TAKEN.search(out.stderr) and not out.interrupted
@@ -150,11 +150,11 @@ def measure(params: Params, argv: Sequence[str], steps: int, limit_mib: float | 
     judge(run, out, limit_mib)
     if run.steps == 0 and not run.oom and not out.interrupted:
         run.status, run.fits = "failed", None
-        run.error, run.abort = _no_step_error(run, out, timeout)
+        run.error, run.abort = _no_step_error(run, out, timing.timeout)
     return run, out
 
 
-def run_sweep(sweep: Sweep, timeout: float, grace: float, progress: Progress) -> Sweep:
+def run_sweep(sweep: Sweep, timing: Timing, progress: Progress) -> Sweep:
     """Run the plan in order into ``sweep.runs``. Returns early (``sweep.interrupted`` or
     ``sweep.error``) on Ctrl-C or on a command that cannot be measured; what ran is kept."""
     todo = plan(sweep.axes)
@@ -171,8 +171,7 @@ def run_sweep(sweep: Sweep, timeout: float, grace: float, progress: Progress) ->
             def on_poll(steps: int, i: int = i, params: Params = params) -> None:
                 progress.step(i, len(todo), params, steps, sweep.steps)
 
-            run, out = measure(params, substitute(sweep.command, params), sweep.steps, sweep.limit_mib, timeout, grace,
-                               on_poll)
+            run, out = measure(params, substitute(sweep.command, params), sweep.steps, sweep.limit_mib, timing, on_poll)
             sweep.runs.append(run)
             progress.done(i, len(todo), run)
             if run.oom:

@@ -108,7 +108,8 @@ def test_cli_rejects_bad_input_before_running_anything(argv: list[str], message:
     assert "configuration(s)" not in err  # nothing was started
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--steps", "0"), ("--steps", "ten"), ("--limit-mib", "-5"), ("--timeout", "inf")])
+@pytest.mark.parametrize(("flag", "value"), [("--steps", "0"), ("--steps", "ten"), ("--limit-mib", "-5"), ("--timeout", "inf"),
+                                             ("--poll-seconds", "0")])
 def test_cli_rejects_bad_numbers(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         cli_main(["sweep", "--grid", "b=1", flag, value, "--", PY, "{b}"])
