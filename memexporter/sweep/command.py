@@ -99,8 +99,14 @@ def _check_outputs(args: argparse.Namespace) -> None:
         path: Path | None = getattr(args, flag)
         if path is not None and not path.parent.is_dir():
             raise SweepError(f"--{flag} {str(path)!r}: the folder {str(path.parent)!r} does not exist")
-    if args.plot is not None and not plotting.available():
-        raise SweepError("--plot needs matplotlib: pip install 'memexporter[plot]'")
+        if path is not None and path.is_dir():
+            raise SweepError(f"--{flag} {str(path)!r} is a folder; name a file")
+    if args.plot is not None:
+        if not plotting.available():
+            raise SweepError("--plot needs matplotlib: pip install 'memexporter[plot]'")
+        if (fmt := args.plot.suffix.lstrip(".").lower()) not in (formats := plotting.formats()):
+            raise SweepError(f"--plot {str(args.plot)!r}: matplotlib cannot write {fmt or 'a file without a suffix'!r}; "
+                             f"use one of {', '.join(sorted(formats))}")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -30,6 +30,13 @@ def available() -> bool:
     return True
 
 
+def formats() -> set[str]:
+    """The file suffixes matplotlib can write (png, svg, pdf...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return set(FigureCanvasBase.get_supported_filetypes())
+
+
 def plot(sweep: Sweep, mf: MaxFit, path: Path) -> Figure:
     """Draw the sweep into ``path`` (the format follows its suffix: png, svg, pdf) and return the figure."""
     from matplotlib.figure import Figure

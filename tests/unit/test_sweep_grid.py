@@ -100,6 +100,8 @@ PY = sys.executable
     (["--grid", "batch=4,8", "--json", "/no/such/dir/out.json", "--", PY, "t.py", "{batch}"],
      "the folder '/no/such/dir' does not exist"),
     (["--grid", "batch=4,8", "--", "no-such-trainer", "{batch}"], "command not found: 'no-such-trainer'"),
+    (["--grid", "batch=4,8", "--csv", "/", "--", PY, "t.py", "{batch}"], "--csv '/' is a folder"),
+    (["--grid", "batch=4,8", "--plot", "sweep.jpeg2", "--", PY, "t.py", "{batch}"], "matplotlib cannot write 'jpeg2'"),
 ])
 def test_cli_rejects_bad_input_before_running_anything(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["sweep", *argv]) == 2
