@@ -53,7 +53,7 @@ def plot(sweep: Sweep, mf: MaxFit, path: Path) -> Figure:
     def x(run: Run) -> float:
         return first.key(run.params[first.name])
 
-    fig = Figure(figsize=(7.5, 4.5), dpi=110, layout="constrained")
+    fig = Figure(figsize=(9.5, 4.5), dpi=110, layout="constrained")
     ax = fig.add_subplot()
     series: dict[tuple[str, ...], list[Run]] = {}
     for r in sweep.runs:
@@ -90,6 +90,7 @@ def plot(sweep: Sweep, mf: MaxFit, path: Path) -> Figure:
     command = " ".join(sweep.command)
     ax.set_title(command if len(command) <= 80 else command[:77] + "...", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    # Beside the axes, not on them: "best" still lands on a line when the lines fill the chart.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.savefig(path)
     return fig
