@@ -58,7 +58,7 @@ def start(
     Raises ``TypeError``/``ValueError`` naming a bad value. A port that is taken is logged and
     training goes on (``Exporter.port`` is ``None``), unless ``strict=True``, which raises ``OSError``.
     """
-    settings = {
+    settings: dict[str, Any] = {
         "port": port, "addr": addr, "strict": strict, "certfile": certfile, "keyfile": keyfile,
         "memory_limit_bytes": memory_limit_bytes, "leak_window": leak_window,
         "warmup_steps": warmup_steps, "auto_step": auto_step, "module_depth": module_depth,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Protocol
 
 from memexporter.backends.base import CudaSource, HostSource, NvmlSource, cuda_label
 from memexporter.backends.host import HostSample
@@ -18,7 +19,14 @@ from memexporter.backends.nvml import NvmlMemory
 from memexporter.config import Config
 from memexporter.tracking.steps import StepTracker
 
-__all__ = ["CudaSource", "HostSource", "Identity", "MemoryView", "NvmlSource", "Scrape", "Sources", "cuda_label"]
+__all__ = ["CudaSource", "HostSource", "HttpSource", "Identity", "MemoryView", "NvmlSource", "Scrape", "Sources",
+           "cuda_label"]
+
+
+class HttpSource(Protocol):
+    """What the exporter collector needs from ``serving.conn.ConnectionStats``."""
+
+    def dropped(self) -> dict[str, int]: ...
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class Sources:
     host: HostSource
     steps: StepTracker | None = None
     version: str = field(default="")
+    http: HttpSource | None = None  # the HTTP server's dropped-connection counts
 
     @property
     def rank(self) -> str:

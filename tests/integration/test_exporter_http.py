@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import logging
 import os
-import shutil
 import socket
 import ssl
 import subprocess
@@ -188,17 +187,6 @@ def test_forked_child_serves_and_hooks_nothing() -> None:
     assert os.read(read, 1) == b"1"
     assert exp.sources.steps is not None and exp.sources.steps.steps == 0  # the child's step did not count here
     assert get(base(exp) + "/metrics")[0] == 200  # the parent still serves
-
-
-@pytest.fixture
-def tls_files(tmp_path: Path) -> tuple[Path, Path]:
-    """A throwaway self-signed certificate and key for 127.0.0.1."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
-    return cert, key
 
 
 def test_tls_cert_and_key_are_passed_through(tls_files: tuple[Path, Path]) -> None:
