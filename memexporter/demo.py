@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import memexporter
+from memexporter.argtypes import integer, number, rank_mib
 from memexporter.diagnose.words import fmt_bytes as _fmt_bytes
 from memexporter.diagnose.words import fmt_eta as _fmt_eta
 from memexporter.exporter import Exporter
@@ -26,12 +27,13 @@ from memexporter.trend import estimate
 
 MiB = 1 << 20
 SIMULATED_OOM_EXIT = 3
+HEADS = 4
 
 
 class TinyGPT(nn.Module):
     """Embedding, a few pre-norm transformer blocks and a head tied to the embedding."""
 
-    def __init__(self, vocab: int = 512, d_model: int = 128, layers: int = 4, heads: int = 4) -> None:
+    def __init__(self, vocab: int = 512, d_model: int = 128, layers: int = 4, heads: int = HEADS) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.blocks = nn.ModuleList(
@@ -68,19 +70,17 @@ def _status(exp: Exporter, device: str) -> tuple[float, float, str]:
     return view.used, limit, text
 
 
-def _parse_extra(spec: str | None, rank: int) -> int:
-    # "R:N" makes rank R hold N extra MiB, for the rank-imbalance alert.
-    if not spec:
-        return 0
-    try:
-        r, n = spec.split(":")
-        return int(n) * MiB if int(r) == rank else 0
-    except ValueError:
-        raise SystemExit(f"memexporter demo: --rank-extra-mib must look like RANK:MIB, got {spec!r}") from None
+def _extra_bytes(spec: tuple[int, int] | None, rank: int) -> int:
+    # (R, N) from "R:N" makes rank R hold N extra MiB, for the rank-imbalance alert.
+    return spec[1] * MiB if spec is not None and spec[0] == rank else 0
 
 
 def run(args: argparse.Namespace) -> int:
     """Train until ``--steps`` (0: until interrupted), printing a progress line every second."""
+    if args.d_model % HEADS:
+        print(f"memexporter demo: --d-model must be a multiple of {HEADS} (the attention heads), got {args.d_model}",
+              file=sys.stderr)
+        return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("memexporter demo: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
         return 2
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"memexporter demo: training a {sum(p.numel() for p in model.parameters()):,}-parameter GPT on {mem_device}; "
           f"metrics at {exp.url or ('(push only: http=False)' if not exp.config.http else '(not serving: see the error above)')}", flush=True)
     kept: list[torch.Tensor] = []
-    if extra := _parse_extra(args.rank_extra_mib, rank):
+    if extra := _extra_bytes(args.rank_extra_mib, rank):
         kept.append(torch.ones(extra // 4, dtype=torch.float32, device=device))
     loss_fn = nn.CrossEntropyLoss()
     step, last_print = 0, 0.0
@@ -145,18 +145,20 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (default: auto)")
-    p.add_argument("--port", type=int, default=None, help="base port (default: MEMEXPORTER_PORT or 9400; rank r adds LOCAL_RANK)")
-    p.add_argument("--addr", default=None, help="bind address (default: MEMEXPORTER_ADDR or all interfaces)")
-    p.add_argument("--steps", type=int, default=0, help="steps to train; 0 trains until interrupted (default)")
-    p.add_argument("--step-interval", type=float, default=0.0, metavar="S", help="minimum seconds per step")
-    p.add_argument("--leak-mib-per-step", type=float, default=0.0, metavar="N", help="keep N MiB alive per step (a leak)")
-    p.add_argument("--memory-limit-mib", type=int, default=None, metavar="M", help="exporter budget; stop with a simulated OOM when used reaches it")
-    p.add_argument("--rank-extra-mib", default=None, metavar="R:N", help="rank R holds N extra MiB (rank imbalance)")
-    p.add_argument("--eval-every", type=int, default=0, metavar="K", help="an evaluation forward every K steps")
-    p.add_argument("--warmup-steps", type=int, default=None, help="steps the leak estimate ignores at start")
+    p.add_argument("--port", type=integer(0, 65535), default=None,
+                   help="base port, 0-65535 (default: MEMEXPORTER_PORT or 9400; rank r adds LOCAL_RANK)")
+    p.add_argument("--addr", default=None, help="bind address, an IP (default: MEMEXPORTER_ADDR or all interfaces)")
+    p.add_argument("--steps", type=integer(0), default=0, help="steps to train; 0 trains until interrupted (default)")
+    p.add_argument("--step-interval", type=number(0), default=0.0, metavar="S", help="minimum seconds per step")
+    p.add_argument("--leak-mib-per-step", type=number(0), default=0.0, metavar="N", help="keep N MiB alive per step (a leak)")
+    p.add_argument("--memory-limit-mib", type=integer(1), default=None, metavar="M",
+                   help="exporter budget; stop with a simulated OOM when used reaches it")
+    p.add_argument("--rank-extra-mib", type=rank_mib, default=None, metavar="R:N", help="rank R holds N extra MiB (rank imbalance)")
+    p.add_argument("--eval-every", type=integer(0), default=0, metavar="K", help="an evaluation forward every K steps (0: none)")
+    p.add_argument("--warmup-steps", type=integer(0), default=None, help="steps the leak estimate ignores at start")
     # The sizes a `memexporter sweep` varies: memory grows with each.
-    p.add_argument("--batch-size", "--batch", type=int, default=8, help="sequences per step (default 8)")
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
-    p.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
-    p.add_argument("--d-model", type=int, default=128, help="model width, a multiple of the 4 heads (default 128)")
+    p.add_argument("--batch-size", "--batch", type=integer(1), default=8, help="sequences per step (default 8)")
+    p.add_argument("--seq-len", type=integer(1), default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--layers", type=integer(1), default=4, help="transformer blocks (default 4)")
+    p.add_argument("--d-model", type=integer(HEADS), default=128, help=f"model width, a multiple of the {HEADS} heads (default 128)")
     p.add_argument("--no-track", action="store_true", help="do not track per-module memory")
