@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     from memexporter import exporter
 
-    exporter.start(port_hint="--port", **settings)
+    exporter.start(port_hint="--port or MEMEXPORTER_PORT", **settings)
     sys.argv = [target, *args.args]
     try:
         if args.module:

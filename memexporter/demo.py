@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import memexporter
+from memexporter import exporter
 from memexporter.argtypes import integer, number, rank_mib
 from memexporter.diagnose.words import fmt_bytes as _fmt_bytes
 from memexporter.diagnose.words import fmt_eta as _fmt_eta
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     limit = args.memory_limit_mib * MiB if args.memory_limit_mib else None
-    exp = memexporter.start(port=args.port, addr=args.addr, memory_limit_bytes=limit, warmup_steps=args.warmup_steps)
+    exp = exporter.start(port=args.port, addr=args.addr, memory_limit_bytes=limit, warmup_steps=args.warmup_steps,
+                         port_hint="--port or MEMEXPORTER_PORT")
     if not args.no_track:
         exp.tracked.append(memexporter.track(model, opt))
     mem_device = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"

@@ -209,12 +209,11 @@ def _bind(registry: CollectorRegistry, config: Config, port: int, stats: Connect
     except OSError as exc:
         where = f"{config.addr}:{port}"
         if exc.errno == errno.EADDRINUSE:
-            cause = (f"port {port} is already in use. Pick another base port with {port_hint} or "
-                     "MEMEXPORTER_PORT (each rank binds port + LOCAL_RANK); note that NVIDIA dcgm-exporter "
-                     "also defaults to 9400")
+            cause = (f"port {port} is already in use. Pick another base port with {port_hint} "
+                     "(each rank binds port + LOCAL_RANK); note that NVIDIA dcgm-exporter also defaults to 9400")
         elif exc.errno == errno.EACCES:
             cause = (f"no permission to bind port {port} (ports below 1024 need privileges). "
-                     f"Use a port above 1023 with {port_hint} or MEMEXPORTER_PORT")
+                     f"Use a port above 1023 with {port_hint}")
         else:
             cause = f"{exc.strerror or exc}"
         if config.strict:
