@@ -3,6 +3,7 @@ conflicts, stop/start, torchrun ranks, fork and TLS. Real torch on CPU, no fakes
 
 from __future__ import annotations
 
+import errno
 import http.client
 import logging
 import os
@@ -12,7 +13,6 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,12 +21,7 @@ import torch
 import memexporter
 from tests.support.ports import free_port
 
-
-@pytest.fixture(autouse=True)
-def _stopped() -> Iterator[None]:
-    memexporter.stop()
-    yield
-    memexporter.stop()
+pytestmark = pytest.mark.usefixtures("no_exporter")
 
 
 def get(url: str, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None) -> tuple[int, str, str]:
@@ -103,14 +98,16 @@ def test_taken_port_logs_loudly_and_training_goes_on(caplog: pytest.LogCaptureFi
         assert exp.port is None
         msg = " ".join(r.getMessage() for r in caplog.records)
         assert str(port) in msg and "MEMEXPORTER_PORT" in msg and "dcgm-exporter" in msg
+        assert "already in use" in msg and "start(port=...)" in msg  # the cause, and the knob for API users
         model = torch.nn.Linear(4, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randn(2, 4)).sum().backward()
         opt.step()  # the hooks still run
         assert exp.sources.steps is not None and exp.sources.steps.steps == 1
         exp.stop()
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="already in use") as info:
             memexporter.start(port=port, addr="127.0.0.1", strict=True)
+        assert info.value.errno == errno.EADDRINUSE
 
 
 @pytest.mark.parametrize(("kwargs", "error"), [({"port": "abc"}, ValueError), ({"port": -1}, ValueError),

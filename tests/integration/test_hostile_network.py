@@ -14,7 +14,6 @@ import textwrap
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,7 @@ from tests.support.hostile import burst, open_fds, reset_connection, trickle
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(autouse=True)
-def _stopped() -> Iterator[None]:
-    memexporter.stop()
-    yield
-    memexporter.stop()
+pytestmark = pytest.mark.usefixtures("no_exporter")
 
 
 def scrape(port: int, timeout: float = 10.0) -> str:

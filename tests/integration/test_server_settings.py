@@ -3,7 +3,6 @@ never answers, URLs to open, and the WSGI environ that extra routes (the /debug 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -14,7 +13,7 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +26,7 @@ from tests.support.tls import self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(autouse=True)
-def _stopped() -> Iterator[None]:
-    memexporter.stop()
-    yield
-    memexporter.stop()
+pytestmark = pytest.mark.usefixtures("no_exporter")
 
 
 def ipv6_loopback() -> bool:
@@ -175,22 +169,7 @@ def test_a_failing_route_answers_500_and_prints_nothing(capfd: pytest.CaptureFix
     assert capfd.readouterr().err == ""
 
 
-# --- the port, and what the log says -----------------------------------------------------------
-
-def test_taken_port_log_names_the_cause_and_the_knob(caplog: pytest.LogCaptureFixture) -> None:
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
-        with caplog.at_level(logging.ERROR, logger="memexporter"):
-            exp = memexporter.start(port=port, addr="127.0.0.1")
-        assert exp.port is None
-        assert "already in use" in caplog.text and "start(port=...)" in caplog.text
-        exp.stop()
-        with pytest.raises(OSError, match="already in use") as info:
-            memexporter.start(port=port, addr="127.0.0.1", strict=True)
-        assert info.value.errno == errno.EADDRINUSE
-
+# --- the port, and what the log says (a taken port: test_exporter_http.py) -----------------
 
 def test_privileged_port_log_names_the_permission_not_dcgm() -> None:
     # As an unprivileged user (a new user namespace maps us to nobody; root could bind port 80).
