@@ -19,7 +19,7 @@ from tests.support.demo import running_demo
 from tests.support.ports import free_port
 from tests.support.prometheus import running_prometheus
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # ~2 MiB/s toward a 1 GiB budget (5 steps/s at most): 60 % of the budget after ~2.5 min and the
 # simulated OOM after ~6 min on an idle box; a busy box steps slower, which only adds lead time.

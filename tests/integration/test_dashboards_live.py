@@ -21,7 +21,9 @@ from tests.support.ports import free_port
 from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.promql import substitute
 
-pytestmark = pytest.mark.integration
+# One module-scoped demo + Prometheus serves every test here: keep them on one xdist worker
+# (--dist loadgroup), or each worker would start its own.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("dashboards_live")]
 
 SECONDS_OF_DATA = 25
 PANELS = [(name, p) for name, dash in sorted(dashboards.build().items()) for p in dash["panels"]]

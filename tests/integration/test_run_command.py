@@ -140,6 +140,7 @@ def test_bootstrap_start_decision(argv: list[str], expected: bool, monkeypatch: 
     assert sitecustomize._should_start(argv) is expected
 
 
+@pytest.mark.slow
 def test_torchrun_no_python_memexporter_run(tmp_path: Path) -> None:
     """`torchrun --no-python memexporter run train.py`: each of two ranks serves port + LOCAL_RANK."""
     import shutil

@@ -25,7 +25,7 @@ from tests.support.ports import bindable, free_port_block
 from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.promql import substitute
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DEMO_RULES = REPO_ROOT / "alerts" / "memexporter.demo.rules.yml"
 MiB = 1 << 20
