@@ -3,8 +3,9 @@
 Runs a small real model with the exporter started and 0 or ~100 tracked modules, then times
 ``registry.collect()`` and ``GET /metrics`` on loopback. Prints p50/p99 in microseconds. Then
 ``--concurrency`` scrapers in another process (benchmarks/scraper.py, as Prometheus would be)
-GET /metrics back to back for ``--seconds``: latency p50/p99/max and scrapes per second, so
-the server's queueing shows. On a GPU machine the same script measures the CUDA path.
+GET /metrics back to back for ``--seconds``: latency p50/p99/max, scrapes per second (the
+server's queueing shows) and the exporter process's CPU time per scrape (what one scrape a
+second costs a training job at most, in a way a busy machine does not blur). On a GPU machine the same script measures the CUDA path.
 
     python benchmarks/bench_scrape.py [--scrapes 300] [--concurrency 20 --seconds 15]
 """
@@ -76,14 +77,16 @@ def concurrent(scrapers: int, seconds: float, device: str) -> dict[str, float]:
         opt.step()
         opt.zero_grad()
     scraper = Path(__file__).with_name("scraper.py")
+    cpu0 = time.process_time()  # this process: the exporter's threads serving the scrapes, nothing else
     out = subprocess.run([sys.executable, str(scraper), "concurrent", exp.url or "", "--scrapers", str(scrapers),
                           "--seconds", str(seconds)], capture_output=True, text=True, check=True)
+    cpu = time.process_time() - cpu0
     handle.remove()
     exp.stop()
     result = json.loads(out.stdout)
     xs = sorted(result["latencies"])
     return {"p50": statistics.median(xs), "p99": xs[min(len(xs) - 1, int(0.99 * len(xs)))], "max": xs[-1],
-            "rate": result["rate"], "errors": result["errors"], "n": len(xs)}
+            "rate": result["rate"], "errors": result["errors"], "n": len(xs), "cpu": cpu / max(1, len(xs))}
 
 
 def main() -> None:
@@ -106,7 +109,8 @@ def main() -> None:
         c = concurrent(args.concurrency, args.seconds, args.device)
         print(f"{args.concurrency} concurrent scrapers for {args.seconds:g} s (100 tracked modules): "
               f"p50 {c['p50'] * 1e3:.1f} ms, p99 {c['p99'] * 1e3:.1f} ms, max {c['max'] * 1e3:.1f} ms, "
-              f"{c['rate']:.0f} scrapes/s, {c['n']:.0f} scrapes, {c['errors']:.0f} errors")
+              f"{c['rate']:.0f} scrapes/s, {c['n']:.0f} scrapes, {c['errors']:.0f} errors; "
+              f"exporter CPU {c['cpu'] * 1e3:.2f} ms per scrape")
 
 
 if __name__ == "__main__":
