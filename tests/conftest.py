@@ -4,6 +4,7 @@ compute thread per process when the tests run in parallel."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -16,6 +17,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # here, and inherited by every child) keeps them from fighting. A user's setting wins.
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
+
+
+# Started as a background job of a non-interactive shell (`cmd &` in a CI script), the whole suite
+# would inherit SIGINT ignored, and so would every process it starts: the tests that press Ctrl-C
+# on a command (`memexporter sweep`, the demo) would wait for nothing. Take the default back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -90,7 +90,7 @@ def _logger_restored() -> Iterator[None]:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--steps", "-5"], "argument --steps: must be an integer >= 0, got '-5'"),
-    (["--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got '0'"),
+    (["--batch", "0"], "argument --batch-size/--batch: must be an integer >= 1, got '0'"),
     (["--step-interval", "-1"], "argument --step-interval: must be a finite number >= 0, got '-1'"),
     (["--leak-mib-per-step", "inf"], "argument --leak-mib-per-step: must be a finite number >= 0, got 'inf'"),
     (["--memory-limit-mib", "0"], "argument --memory-limit-mib: must be an integer >= 1, got '0'"),
