@@ -85,12 +85,6 @@ def _addr(name: str, value: object) -> str:
     return value
 
 
-def _str(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise TypeError(f"memexporter: {name} must be a non-empty string, got {value!r}")
-    return value
-
-
 def _opt_path(name: str, value: object) -> str | None:
     if value is None or value == "":
         return None
