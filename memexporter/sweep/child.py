@@ -31,6 +31,10 @@ from memexporter.sweep.spawn import Tail, child_env, free_port
 POLL_SECONDS = 0.1
 MAX_POLL_SECONDS = 1.0
 SPLIT_SECONDS = 1.0  # the module rows (most of the text) are parsed this often, and at the last poll
+# A fast job can pass K steps between two polls (a tiny model does dozens a second), which leaves
+# one step change seen and no step time. It then runs on until a second change is seen, this long
+# at the most (a job stalled at step K is still ended).
+STEP_TIME_WAIT_SECONDS = 2.0
 BOOTSTRAP_FAILED = "memexporter bootstrap: not started"
 # No proxy for a loopback scrape, whatever http_proxy says.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -53,6 +57,12 @@ class Outcome:
     stderr: str = ""
     stdout: str = ""
     wall_seconds: float = 0.0
+
+
+def enough(steps: int, target: int, step_seconds: float | None, waited: float) -> bool:
+    """Whether a run that has seen ``steps`` of ``target`` steps can be ended: K steps and a step
+    time, or K steps and ``STEP_TIME_WAIT_SECONDS`` spent waiting for one (``waited`` seconds)."""
+    return steps >= target and (step_seconds is not None or waited >= STEP_TIME_WAIT_SECONDS)
 
 
 class StepClock:
@@ -121,6 +131,7 @@ class Child:
 
     def _watch(self, started: float, err: Tail) -> None:
         url, seen, split_at = f"http://127.0.0.1:{self.out.port}/metrics", -1, -SPLIT_SECONDS
+        reached: float | None = None  # when K steps were first seen
         while not self._reap(0.0):
             t0 = time.monotonic()
             with contextlib.suppress(OSError, ValueError, urllib.error.URLError):
@@ -136,8 +147,10 @@ class Child:
                 self._clock.observe((t0 + time.monotonic()) / 2, reading.steps)
                 self._on_poll(reading.steps)
             if self.out.observed.steps >= self.steps:
-                self._stop("steps")
-                return
+                reached = reached if reached is not None else time.monotonic()
+                if enough(self.out.observed.steps, self.steps, self._clock.seconds, time.monotonic() - reached):
+                    self._stop("steps")
+                    return
             if err.version != seen and not self.out.observed.scrapes:
                 # Before any answer only: later, it can be another rank's (port + LOCAL_RANK) failure.
                 seen = err.version

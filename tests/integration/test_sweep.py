@@ -127,9 +127,10 @@ def test_ctrl_c_stops_the_child_and_writes_what_was_measured(tmp_path: Path, scr
 def test_the_demo_out_of_the_box(tmp_path: Path) -> None:
     # The README's command, made smaller: `memexporter` may not be on PATH here; the sweep then runs
     # this interpreter's module.
-    # The demo would train 50 steps: the sweep ends it after 3.
+    # The demo would train 50 steps: the sweep ends it after 3. A step takes at least 50 ms: unpaced,
+    # this tiny model runs all 50 in ~0.2 s on an idle machine, before two polls can time a step.
     proc, doc = sweep(tmp_path, "--grid", "batch=2,8", "--steps", "3", "--", "memexporter", "demo", "--batch", "{batch}",
-                      "--steps", "50", "--layers", "1", "--d-model", "32", "--seq-len", "32")
+                      "--steps", "50", "--step-interval", "0.05", "--layers", "1", "--d-model", "32", "--seq-len", "32")
     assert proc.returncode == 0, proc.stderr
     small, large = doc["runs"]
     for run in (small, large):

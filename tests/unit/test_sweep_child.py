@@ -7,7 +7,7 @@ import os
 import pytest
 
 from memexporter.bootstrap import path as bootstrap_path
-from memexporter.sweep.child import StepClock
+from memexporter.sweep.child import STEP_TIME_WAIT_SECONDS, StepClock, enough
 from memexporter.sweep.spawn import child_env, free_port
 
 
@@ -50,3 +50,17 @@ def test_step_clock_needs_two_step_changes() -> None:
     assert clock.seconds is None
     clock.observe(1.2, 8)
     assert clock.seconds == pytest.approx(0.05)
+
+
+def test_a_fast_job_runs_on_until_its_step_time_is_known() -> None:
+    # Polled at steps 0 and then 12 (K = 3): one change seen, no step time yet, so not ended...
+    clock = StepClock()
+    clock.observe(1.0, 0)
+    clock.observe(1.1, 12)
+    assert clock.seconds is None and not enough(12, 3, clock.seconds, waited=0.0)
+    # ...until the next change gives it,
+    clock.observe(1.2, 25)
+    assert clock.seconds is not None and enough(25, 3, clock.seconds, waited=0.1)
+    # or the wait for it runs out (a job stalled at step K), and never before K steps.
+    assert enough(3, 3, None, waited=STEP_TIME_WAIT_SECONDS)
+    assert not enough(2, 3, 0.1, waited=60.0)
