@@ -25,7 +25,7 @@ from memexporter.scrape import Scrape
 from memexporter.tracking import hooks as tracking_hooks
 from memexporter.tracking import ledger
 from memexporter.tracking import optimizer as tracking_optimizer
-from memexporter.tracking.ledger import FAMILIES, Layout, Snapshot, fold
+from memexporter.tracking.snapshots import FAMILIES, Layout, Snapshot, fold
 from memexporter.tracking.modules import ROOT_LABEL, TrackHandle, active_handles, hook_errors, track
 from tests.unit.fakes import sources
 
