@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import http.client
 import logging
-import os
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -168,26 +170,63 @@ def test_torchrun_rank_binds_port_plus_local_rank(monkeypatch: pytest.MonkeyPatc
     assert all('rank="5"' in line for line in series), "every series carries rank"
 
 
-def test_forked_child_serves_and_hooks_nothing() -> None:
-    exp = memexporter.start(port=0, addr="127.0.0.1")
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: a DataLoader worker would be here
-        try:
-            child = memexporter.start(port=0, addr="127.0.0.1")
-            families = list(exp.registry.collect())
-            model = torch.nn.Linear(2, 2)
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            model(torch.randn(1, 2)).sum().backward()
-            opt.step()
-            ok = child.port is None and families == [] and memexporter.exporter.running() is None
-            os.write(write, b"1" if ok else b"0")
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-    assert os.read(read, 1) == b"1"
-    assert exp.sources.steps is not None and exp.sources.steps.steps == 0  # the child's step did not count here
-    assert get(base(exp) + "/metrics")[0] == 200  # the parent still serves
+def _listening_ports() -> set[int]:
+    """TCP ports this process holds a listening socket on (its own file descriptors, via psutil)."""
+    return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, rows: int) -> None:
+    model(torch.randn(rows, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_forked_child_serves_counts_and_hooks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DataLoader worker forks from a training process with a running exporter and a tracked
+    model. In the child (checked there, reported over a pipe): start() serves nothing, no
+    collector yields a series, no hook counts a step or publishes module figures, the child holds
+    no listening socket, and after the parent's stop() the port is free while the child lives."""
+    from memexporter.tracking import optimizer as tracking_optimizer
+    from tests.support.forked import run_forked
+    from tests.support.ports import bindable
+
+    monkeypatch.setattr(tracking_optimizer, "STEP_COUNT_INTERVAL_S", 0.0)  # every step recounts
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    exp = memexporter.start(port=free_port(), addr="127.0.0.1", model=model, optimizer=opt)
+    port, handle, steps = exp.port, exp.tracked[0], exp.sources.steps
+    assert port is not None and steps is not None
+    _train_step(model, opt, rows=2)
+    # The same observations in the parent see a serving, counting exporter: they can fail.
+    assert steps.steps == 1 and port in _listening_ports() and sum(handle.snapshot().activation) > 0
+    assert len(list(exp.registry.collect())) > 0
+
+    def at_fork() -> dict[str, object]:
+        snap, counted = handle.snapshot(), steps.steps
+        child = memexporter.start(port=0, addr="127.0.0.1")
+        _train_step(model, opt, rows=5)  # another batch size: a recorded forward would publish new figures
+        memexporter.step()
+        return {
+            "start() port": child.port,
+            "running()": memexporter.exporter.running() is not None,
+            "threads": threading.active_count(),
+            "listening ports": sorted(_listening_ports()),
+            "series collected": len(list(exp.registry.collect())),
+            "steps counted": steps.steps - counted,
+            "module figures republished": handle.snapshot() is not snap,
+        }
+
+    def afterwards() -> dict[str, object]:
+        return {"listening ports": sorted(_listening_ports()), "port free": bindable(port)}
+
+    in_child, after_stop = run_forked(at_fork, exp.stop, afterwards)
+    assert in_child == {
+        "start() port": None, "running()": False, "threads": 1, "listening ports": [],
+        "series collected": 0, "steps counted": 0, "module figures republished": False,
+    }
+    assert after_stop == {"listening ports": [], "port free": True}
+    again = memexporter.start(port=port, addr="127.0.0.1", strict=True)  # the parent can bind it again
+    assert again.port == port and get(base(again) + "/metrics")[0] == 200
 
 
 @pytest.fixture
@@ -245,9 +284,6 @@ def test_head_requests() -> None:
 
 
 def test_idle_client_does_not_block_tls_scrapes_or_stop(tls_files: tuple[Path, Path]) -> None:
-    import threading
-    import time
-
     cert, key = tls_files
     exp = memexporter.start(port=0, addr="127.0.0.1", certfile=str(cert), keyfile=str(key))
     ctx = ssl.create_default_context(cafile=str(cert))
@@ -260,24 +296,6 @@ def test_idle_client_does_not_block_tls_scrapes_or_stop(tls_files: tuple[Path, P
         stopper.start()
         stopper.join(timeout=10)
         assert not stopper.is_alive(), "stop() hung behind an idle TLS client"
-
-
-def test_forked_child_does_not_keep_the_port_after_stop() -> None:
-    port = free_port()
-    exp = memexporter.start(port=port, addr="127.0.0.1")
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a DataLoader worker that outlives the parent's stop()
-        os.read(read, 1)
-        os._exit(0)
-    try:
-        exp.stop()
-        # the port is free again at once: the child closed its inherited listening socket
-        again = memexporter.start(port=port, addr="127.0.0.1", strict=True)
-        assert again.port == port
-    finally:
-        os.write(write, b"x")
-        os.waitpid(pid, 0)
 
 
 def test_start_with_model_on_a_running_exporter_tracks_it() -> None:
