@@ -54,6 +54,20 @@ def test_endpoints() -> None:
     status, ctype, body = get(base(exp) + "/")
     assert status == 200 and "text/html" in ctype and 'href="metrics"' in body
     assert get(base(exp) + "/nope")[0] == 404
+    assert exp.url == f"http://127.0.0.1:{exp.port}/metrics"
+
+
+def test_requests_write_nothing_on_the_jobs_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    # The job's own output is what its user reads: no access log line per scrape, none per error.
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    capfd.readouterr()
+    assert get(base(exp) + "/metrics")[0] == 200
+    assert get(base(exp) + "/nope")[0] == 404
+    with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as s:
+        s.sendall(b"a b c d e\r\n\r\n")  # a 400
+        s.recv(4096)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
 
 
 def test_openmetrics_when_asked() -> None:
@@ -119,9 +133,11 @@ def test_taken_port_logs_loudly_and_training_goes_on(caplog: pytest.LogCaptureFi
 @pytest.mark.parametrize(("kwargs", "error"), [({"port": "abc"}, ValueError), ({"port": -1}, ValueError),
                                                ({"port": 70000}, ValueError), ({"port": [1]}, TypeError)])
 def test_bad_arguments_raise_before_anything_starts(kwargs: dict[str, object], error: type) -> None:
+    threads, ports = threading.active_count(), _listening_ports()
     with pytest.raises(error, match="port"):
         memexporter.start(**kwargs)  # type: ignore[arg-type]
     assert memexporter.exporter.running() is None
+    assert (threading.active_count(), _listening_ports()) == (threads, ports), "a server was started"
 
 
 def test_bad_environment_raises(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,6 +164,28 @@ def test_stop_frees_the_port_and_start_works_again() -> None:
     again = memexporter.start(port=port, addr="127.0.0.1")
     assert again is not exp and again.port == port
     assert get(base(again) + "/metrics")[0] == 200
+
+
+@pytest.mark.parametrize("how", ["memexporter.stop()", "with"])
+def test_module_stop_and_with_block_stop_the_running_exporter(how: str) -> None:
+    from tests.support.ports import bindable
+
+    port = free_port()
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if how == "with":
+        with memexporter.start(port=port, addr="127.0.0.1") as exp:
+            assert memexporter.exporter.running() is exp and not bindable(port)
+    else:
+        exp = memexporter.start(port=port, addr="127.0.0.1")
+        assert memexporter.exporter.running() is exp and not bindable(port)
+        memexporter.stop()
+    assert memexporter.exporter.running() is None
+    assert bindable(port), "the port is still held after stop"
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    assert exp.sources.steps is not None and exp.sources.steps.steps == 0, "a stopped exporter still counts steps"
+    memexporter.stop()  # a no-op when none runs
 
 
 def test_torchrun_rank_binds_port_plus_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,11 +289,36 @@ def test_tls_cert_and_key_are_passed_through(tls_files: tuple[Path, Path]) -> No
         urllib.request.urlopen(f"http://127.0.0.1:{exp.port}/metrics", timeout=3).read()
 
 
-def test_import_and_start_create_no_cuda_context() -> None:
-    code = ("import memexporter, torch; e = memexporter.start(port=0, addr='127.0.0.1'); "
-            "list(e.registry.collect()); print(torch.cuda.is_initialized()); e.stop()")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "False"
+# Records every call of torch.cuda's lazy initialiser (what creates a context), from any thread.
+# On a CPU-only torch the call fails instead of creating a context, so is_initialized() alone
+# could never fail there: the spy sees the attempt on both.
+NO_CUDA_CONTEXT = """
+import sys, threading, urllib.request
+import torch, torch.cuda
+lazy, attempts = torch.cuda._lazy_init.__code__, []
+def spy(frame, event, arg):
+    if event == "call" and frame.f_code is lazy:
+        attempts.append(threading.current_thread().name)
+sys.setprofile(spy)
+threading.setprofile(spy)
+import memexporter
+e = memexporter.start(port=0, addr="127.0.0.1")
+model = torch.nn.Linear(4, 4)
+memexporter.track(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+urllib.request.urlopen(e.url, timeout=10).read()
+e.stop()
+sys.setprofile(None)
+print(torch.cuda.is_initialized(), attempts)
+"""
+
+
+def test_import_start_track_and_scrape_create_no_cuda_context() -> None:
+    out = subprocess.run([sys.executable, "-c", NO_CUDA_CONTEXT], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False []", out.stdout + out.stderr
 
 
 def test_raising_collector_over_http_costs_only_its_series(monkeypatch: pytest.MonkeyPatch) -> None:
