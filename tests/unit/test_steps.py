@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+import memexporter
 from memexporter.tracking import steps
+from memexporter.tracking.modules import track
 from memexporter.tracking.steps import StepTracker
 from tests.unit.fakes import FakeCuda, FakeHost, MiB
 
@@ -120,14 +122,16 @@ def test_several_optimizers_count_one_step_per_iteration(active: StepTracker) ->
 def test_manual_step_turns_off_detection(active: StepTracker) -> None:
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train(opt, model)
-    for _ in range(3):  # gradient accumulation: three micro-batches, one step of the user's
-        steps.step()
+    _train(opt, model)  # detected
+    for _ in range(3):  # two optimizer steps per step of the user's
+        memexporter.step()
         _train(opt, model)
+        _train(opt, model)
+    # Detection alone would count 1 + 6, both together 1 + 3 + 6.
     assert active.steps == 1 + 3
 
 
-def test_hooks_removed_on_deactivate() -> None:
+def test_a_deactivated_tracker_counts_nothing() -> None:
     t = tracker(ScriptedHost())
     steps.activate(t, auto_step=True)
     steps.activate(None, auto_step=False)
@@ -194,3 +198,48 @@ def test_stop_from_another_thread_while_training_never_raises_into_step() -> Non
         flipper.join()
         other.remove()
         steps.activate(None, auto_step=False)
+
+
+@pytest.fixture
+def flat_mark() -> Iterator[tuple[StepTracker, ScriptedHost]]:
+    """An active tracker whose high-water mark never moves: step peaks come from samples only."""
+    host = ScriptedHost(hwm=500 * MiB)
+    t = tracker(host)
+    steps.activate(t, auto_step=True)
+    yield t, host
+    steps.activate(None, auto_step=False)
+
+
+def test_the_moment_before_an_optimizer_step_is_a_peak_sample(flat_mark: tuple[StepTracker, ScriptedHost]) -> None:
+    t, host = flat_mark
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def gradients_freed(*args: object) -> None:  # runs after step(), before the global post-hook
+        host.used = 120 * MiB
+
+    opt.register_step_post_hook(gradients_freed)
+    for _ in range(2):  # the first boundary only starts the device's window
+        model(torch.randn(4, 8)).sum().backward()
+        host.used = 150 * MiB  # gradients alive: the pre-step sample sees this
+        opt.step()
+    assert last(t) == (120 * MiB, 150 * MiB)
+
+
+def test_the_end_of_a_tracked_forward_is_a_peak_sample(flat_mark: tuple[StepTracker, ScriptedHost]) -> None:
+    t, host = flat_mark
+
+    class Spiky(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            host.used = 200 * MiB  # activations at their largest when the forward ends
+            return super().forward(x)
+
+    model = Spiky(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with track(model, opt):
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+            host.used = 120 * MiB  # freed by backward, before the optimizer step
+            opt.step()
+    assert last(t) == (120 * MiB, 200 * MiB)
+
