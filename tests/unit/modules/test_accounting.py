@@ -101,3 +101,16 @@ def test_depth_and_max_modules_keep_totals(depth: int, max_modules: int) -> None
     assert len(rows) <= max_modules + 1
     assert all(name.count(".") < depth for name, _ in rows)
     assert [sum(col) for col in zip(*(v for _, v in rows), strict=True)] == pytest.approx(full_totals, rel=1e-9)
+
+
+def test_each_save_goes_to_the_innermost_running_module() -> None:
+    # Block: x + fc2(gelu(fc1(ln(x)))). gelu runs in Block.forward itself, between its children:
+    # its saved input (fc1's output) is the Block's own row; fc2 saves its input (gelu's output).
+    # Weights are parameters, never activations.
+    block = Block()
+    handle = track(block, prefix="b", depth=1)
+    block(torch.randn(4, 32, D))
+    wide = 4 * 32 * 4 * D * 4  # float32 bytes of a (4, 32, 4D) tensor
+    assert row(handle, "activation", "b") == wide
+    assert row(handle, "activation", "b.fc2") == wide
+    assert row(handle, "activation", "b.fc1") == 4 * 32 * D * 4  # ln's output
