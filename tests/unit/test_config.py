@@ -8,6 +8,7 @@ import pytest
 
 import memexporter
 from memexporter.config import KNOBS, Config, Knob
+from tests.support import REPO_ROOT
 
 
 @pytest.mark.parametrize(
@@ -66,6 +67,7 @@ def test_every_knob_has_an_env_variable_named_after_it() -> None:
         assert knob.env == "MEMEXPORTER_" + knob.name.upper()
 
 
+_A_FILE = REPO_ROOT / "pyproject.toml"
 # One bad value per parser, as an argument and as its environment variable (None: no string is
 # bad there). Keyed by the parser, so a knob with a new parser fails here until it has its case.
 BAD_BY_PARSER: dict[str, tuple[object, str | None]] = {
@@ -77,6 +79,9 @@ BAD_BY_PARSER: dict[str, tuple[object, str | None]] = {
     "_window": (7, "100001"),
     "_non_negative": (-1, "minus one"),
     "_positive": (0, "0"),
+    "_networks": ("10.0.0.0/33", "10.0.0.0/8, not-a-network"),
+    "_opt_dir": (str(_A_FILE / "dumps"), str(_A_FILE)),  # under a file: can never be a directory
+    "_fraction": (0, "1.5"),
 }
 
 
