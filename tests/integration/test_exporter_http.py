@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import memexporter
+from memexporter.tracking.modules import active_handles
 from tests.support.ports import free_port
 
 
@@ -117,7 +118,7 @@ def test_taken_port_logs_loudly_and_training_goes_on(caplog: pytest.LogCaptureFi
         port = holder.getsockname()[1]
         with caplog.at_level(logging.ERROR, logger="memexporter"):
             exp = memexporter.start(port=port, addr="127.0.0.1")
-        assert exp.port is None
+        assert exp.port is None and exp.url is None
         msg = " ".join(r.getMessage() for r in caplog.records)
         assert str(port) in msg and "MEMEXPORTER_PORT" in msg and "dcgm-exporter" in msg
         model = torch.nn.Linear(4, 4)
@@ -159,6 +160,7 @@ def test_stop_frees_the_port_and_start_works_again() -> None:
     exp = memexporter.start(port=port, addr="127.0.0.1")
     assert exp.port == port
     exp.stop()
+    assert exp.port is None and exp.url is None  # a stopped exporter names no endpoint
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
     again = memexporter.start(port=port, addr="127.0.0.1")
@@ -223,7 +225,8 @@ def test_forked_child_serves_counts_and_hooks_nothing(monkeypatch: pytest.Monkey
     """A DataLoader worker forks from a training process with a running exporter and a tracked
     model. In the child (checked there, reported over a pipe): start() serves nothing, no
     collector yields a series, no hook counts a step or publishes module figures, the child holds
-    no listening socket, and after the parent's stop() the port is free while the child lives."""
+    no listening socket, stop() returns at once and leaves the parent alone, and after the
+    parent's stop() the port is free while the child lives."""
     from memexporter.tracking import optimizer as tracking_optimizer
     from tests.support.forked import run_forked
     from tests.support.ports import bindable
@@ -244,7 +247,13 @@ def test_forked_child_serves_counts_and_hooks_nothing(monkeypatch: pytest.Monkey
         child = memexporter.start(port=0, addr="127.0.0.1")
         _train_step(model, opt, rows=5)  # another batch size: a recorded forward would publish new figures
         memexporter.step()
+        # A worker that calls stop() (atexit, a with-block) must neither hang on the parent's
+        # server, which has no thread here, nor take anything from the parent.
+        stopper = threading.Thread(target=exp.stop, daemon=True)
+        stopper.start()
+        stopper.join(timeout=10)
         return {
+            "stop() returned": not stopper.is_alive(),
             "start() port": child.port,
             "running()": memexporter.exporter.running() is not None,
             "threads": threading.active_count(),
@@ -254,12 +263,17 @@ def test_forked_child_serves_counts_and_hooks_nothing(monkeypatch: pytest.Monkey
             "module figures republished": handle.snapshot() is not snap,
         }
 
+    def stop_in_parent() -> None:
+        # (a shutdown() of the listening socket both share would stop the parent's server too)
+        assert get(base(exp) + "/metrics")[0] == 200, "the child's stop() stopped the parent's server"
+        exp.stop()
+
     def afterwards() -> dict[str, object]:
         return {"listening ports": sorted(_listening_ports()), "port free": bindable(port)}
 
-    in_child, after_stop = run_forked(at_fork, exp.stop, afterwards)
+    in_child, after_stop = run_forked(at_fork, stop_in_parent, afterwards)
     assert in_child == {
-        "start() port": None, "running()": False, "threads": 1, "listening ports": [],
+        "stop() returned": True, "start() port": None, "running()": False, "threads": 1, "listening ports": [],
         "series collected": 0, "steps counted": 0, "module figures republished": False,
     }
     assert after_stop == {"listening ports": [], "port free": True}
@@ -365,17 +379,27 @@ def test_start_with_model_on_a_running_exporter_tracks_it() -> None:
     memexporter.start(port=0, addr="127.0.0.1")
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     exp = memexporter.start(port=0, addr="127.0.0.1", model=model)
-    assert len(exp.tracked) == 1
+    (handle,) = exp.tracked
     body = get(base(exp) + "/metrics")[2]
     assert "memexporter_module_parameter_bytes" in body
     exp.stop()
     assert exp.tracked == []
+    assert handle not in active_handles(), "stop() left the model tracked"
 
 
-@pytest.mark.parametrize(("env", "match"), [({"LOCAL_RANK": "abc"}, "LOCAL_RANK"), ({"LOCAL_RANK": "7"}, "65535")])
+@pytest.mark.parametrize(("env", "match"), [({"LOCAL_RANK": "abc"}, "LOCAL_RANK"), ({"LOCAL_RANK": "-1"}, "LOCAL_RANK"),
+                                            ({"LOCAL_RANK": "7"}, "65535")])
 def test_bad_local_rank_or_port_overflow_is_a_clear_error(env: dict[str, str], match: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(ValueError, match=match):
         memexporter.start(port=65530, addr="127.0.0.1")
+
+
+def test_port_zero_under_torchrun_is_a_free_port_for_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "3")  # port 0 + LOCAL_RANK must not become port 3
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    assert exp.port is not None and exp.port > 1024
+    assert get(base(exp) + "/metrics")[0] == 200
+
