@@ -90,11 +90,12 @@ class OuterCounter:
     def __init__(self, model: nn.Module) -> None:
         self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self.seen: set[int] = set()
-        self.bytes = self.packs = self.unpacks = 0
+        self.bytes = self.packs = self.unpacks = self.activation_packs = 0
 
     def pack(self, t: torch.Tensor) -> Any:
         self.packs += 1
         s = t.untyped_storage()
+        self.activation_packs += s.data_ptr() not in self.params
         if s.data_ptr() not in self.params and s.data_ptr() not in self.seen:
             self.seen.add(s.data_ptr())
             self.bytes += s.nbytes()
