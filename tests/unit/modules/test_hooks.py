@@ -3,6 +3,7 @@ mid-forward, from any thread), and gradient/state recounts are rate-limited."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -16,6 +17,7 @@ from memexporter.tracking import optimizer as tracking_optimizer
 from memexporter.tracking.modules import active_handles, hook_errors, track
 from tests.unit.modules.models import (
     Deep,
+    OuterCounter,
     TiedNet,
     all_hooks,
     batch,
@@ -53,6 +55,57 @@ def test_failing_internals_are_counted_not_raised(monkeypatch: pytest.MonkeyPatc
     monkeypatch.undo()
     out.sum().backward()
     assert hook_errors() > before
+
+
+def test_the_first_hook_failure_is_logged_with_its_traceback_later_ones_only_counted(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(tracking_hooks, "_errors", 0)  # as in a fresh process
+    monkeypatch.setattr(tracking_optimizer, "STEP_COUNT_INTERVAL_S", 0.0)  # every step counts
+
+    def boom(*args: object) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(ledger, "count_step", boom)
+    model = Deep(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    track(model, opt)
+    with caplog.at_level(logging.ERROR, logger="memexporter"):
+        for _ in range(3):
+            model(torch.randn(2, 16)).sum().backward()
+            opt.step()
+    assert hook_errors() == 3
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "optimizer step hook" in record.getMessage() and record.exc_info is not None
+
+
+def test_saved_tensor_hooks_pushed_and_never_popped_inside_a_forward_do_not_keep_ours() -> None:
+    # A user's forward that enters saved_tensors_hooks and never leaves it (a bug, or an early
+    # return past a manual push): ours must still come off, or it would count every later save.
+    user = OuterCounter(nn.Linear(1, 1))
+
+    class Leaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            torch._C._autograd._push_saved_tensors_default_hooks(user.pack, user.unpack)
+            return self.fc(x)
+
+    model = Leaky()
+    handle = track(model)
+    errors = hook_errors()
+    model(torch.randn(2, 16))
+    top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    try:
+        assert top is not None and top[0] == user.pack, "the user's pair must stay on top"
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None, "ours was left beneath it"
+    finally:
+        while torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+    assert hook_errors() == errors + 1  # counted: this forward's figure is not published
+    assert totals(handle)["activation"] == 0
 
 
 def test_remove_and_context_manager_remove_every_hook() -> None:

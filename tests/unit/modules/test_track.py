@@ -11,6 +11,8 @@ from torch import nn
 
 from memexporter.tracking.modules import ROOT_LABEL, track
 from tests.unit.modules.models import (
+    Block,
+    D,
     Deep,
     totals,
     unique_param_bytes,
@@ -93,3 +95,17 @@ def test_forward_deltas_with_an_injected_reading() -> None:
     with torch.no_grad():
         model(torch.randn(2, 16))
     assert handle.forward_deltas() == deltas  # only grad-enabled forwards update
+
+
+def test_forward_deltas_leave_the_activation_rows_alone() -> None:
+    # The delta hooks replace the plain ones on every hooked module: the rows must not change.
+    block, x = Block(), torch.randn(4, 32, D)
+    with track(block, prefix="m", depth=1) as plain:
+        block(x)
+        rows = plain.snapshot().activation
+    reads = iter(range(0, 10**9, 100))
+    with track(block, prefix="m", depth=1, cuda_forward_delta=True, allocated=lambda: next(reads)) as deltas:
+        block(x)
+        assert deltas.forward_deltas(), "the delta hooks ran"
+        assert deltas.snapshot().activation == rows
+    assert sum(rows) > 0 and rows[0] > 0  # Block's own row (gelu's saved input) is among them
