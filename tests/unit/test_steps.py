@@ -3,6 +3,7 @@ Backends are fakes (SYNTHETIC numbers); the optimizer hooks are torch's real glo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -71,12 +72,16 @@ def test_peak_never_below_either_boundary() -> None:
     assert last(t) == (90 * MiB, 130 * MiB)
 
 
-def test_failures_are_counted_not_raised() -> None:
+def test_failures_are_counted_not_raised_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     host = ScriptedHost(fail=True)
     t = tracker(host)
-    t.step()
-    t.sample()
-    assert t.errors == 2
+    with caplog.at_level(logging.ERROR, logger="memexporter"):
+        t.step()
+        t.sample()
+        t.step()
+    assert t.errors == 3
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]  # once, with its traceback
+    assert "synthetic failure" in str(record.exc_info[1] if record.exc_info else None)
 
 
 def test_window_is_bounded() -> None:
@@ -234,4 +239,40 @@ def test_the_end_of_a_tracked_forward_is_a_peak_sample(flat_mark: tuple[StepTrac
             host.used = 120 * MiB  # freed by backward, before the optimizer step
             opt.step()
     assert last(t) == (120 * MiB, 200 * MiB)
+
+
+def test_a_stopped_exporter_forgets_the_manual_mode() -> None:
+    # A new start() after stop() detects optimizer steps again, whatever the last run did.
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps.activate(tracker(ScriptedHost()), auto_step=True)
+    memexporter.step()  # manual mode on
+    steps.activate(None, auto_step=False)
+    fresh = tracker(ScriptedHost())
+    steps.activate(fresh, auto_step=True)
+    try:
+        _train(opt, model)
+        assert fresh.steps == 1
+    finally:
+        steps.activate(None, auto_step=False)
+
+
+def test_a_second_optimizers_step_end_is_a_peak_sample(flat_mark: tuple[StepTracker, ScriptedHost]) -> None:
+    # A GAN: the first optimizer to step marks the boundary; the other's step end is a sample.
+    t, host = flat_mark
+    g, d = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+
+    def generator_state_peaks(*args: object) -> None:  # after opt_g.step(), before the global post-hook
+        host.used = 300 * MiB
+
+    opt_g.register_step_post_hook(generator_state_peaks)
+    for _ in range(2):
+        host.used = 120 * MiB
+        _train(opt_d, d)  # the boundary (first seen stepping)
+        _train(opt_g, g)
+    host.used = 120 * MiB
+    _train(opt_d, d)
+    assert t.steps == 3
+    assert last(t) == (120 * MiB, 300 * MiB)
 
