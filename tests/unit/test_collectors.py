@@ -66,6 +66,16 @@ def test_fragmentation_unknown_without_keys() -> None:
     assert fragmentation({}) is None
 
 
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu only", "one gpu"])
+def test_every_collector_succeeds_without_a_step_tracker(gpu: bool) -> None:
+    # Before a step tracker exists the step figures are absent, and no collector fails over it:
+    # a failure would only show as collector_success 0, which no series-level check notices.
+    reg = registry_for(sources(*one_gpu()) if gpu else sources())
+    for name in (c.name for c in catalogue()):
+        assert value(reg, "memexporter_collector_success", rank="3", collector=name) == 1, name
+    assert value(reg, "memexporter_steps_total", rank="3") is None
+
+
 def test_no_cuda_means_no_allocator_or_device_series() -> None:
     scrape = Scrape(sources())
     assert list(AllocatorCollector().collect(scrape)) == []
