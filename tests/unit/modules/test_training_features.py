@@ -140,3 +140,22 @@ def test_torch_compile_inductor() -> None:
     assert totals(handle)["activation"] > 0
     assert row(handle, "activation", ROOT_LABEL) == totals(handle)["activation"]
     assert totals(handle)["parameter"] == unique_param_bytes(model)
+
+
+def test_parameters_moved_by_the_optimizer_step_are_recounted_at_that_step() -> None:
+    class Rematerialising(torch.optim.Optimizer):
+        """Stands in for optimizers that give parameters new storage in step() (offloading, ZeRO)."""
+
+        def step(self, closure: Any = None) -> None:  # type: ignore[override]
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        p.data = (p - group["lr"] * p.grad).double()
+
+    model = Deep(1)
+    opt = Rematerialising(model.parameters(), {"lr": 0.1})
+    handle = track(model, opt)
+    before = totals(handle)["parameter"]
+    model(torch.randn(2, 16)).sum().backward()
+    opt.step()  # no forward after it: the step hook itself must see the new storages
+    assert totals(handle)["parameter"] == 2 * before == unique_param_bytes(model)
