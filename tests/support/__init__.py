@@ -10,6 +10,8 @@
   their HTTP endpoints answer, stopped with their whole process group.
 - ``ports``: free loopback ports (``free_port``, ``free_port_block`` for port + LOCAL_RANK).
 - ``promql``: metric names in an expression, variable substitution, ``promtool check rules``.
+- ``forked.run_forked``: checks run inside a forked child (a DataLoader worker), reported to the
+  parent over a pipe: the child's memory is a copy, so only it can say what it saw.
 - ``cuda_standins`` / ``nvml_standin``: torch.cuda's public functions and the ``pynvml`` module
   answering from a fixture (``tests/fixtures``), so the real CUDA and NVML backends run on CPU;
   ``memory_stats`` / ``synthetic_fixtures``: the shape of ``memory_stats()`` per torch version and

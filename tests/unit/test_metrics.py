@@ -39,6 +39,20 @@ PROSE = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "aler
 _NAME = re.compile(r"(?<![\w:])memexporter_[a-z0-9_]*[a-z0-9](?![\w:*])")
 
 
+@pytest.mark.parametrize("spec", metrics.SPECS, ids=lambda s: s.name)
+def test_naming_conventions(spec: metrics.MetricSpec) -> None:
+    assert re.fullmatch(r"memexporter_[a-z0-9_]+", spec.name)
+    assert spec.labels[0] == "rank", "every series carries rank"
+    assert (spec.type == "counter") == spec.name.endswith("_total")
+    if spec.unit:
+        assert spec.name.endswith("_" + spec.unit), "the unit is the name's suffix"
+    assert spec.help and spec.otel_name
+
+
+def test_names_unique() -> None:
+    assert len({s.name for s in metrics.SPECS}) == len(metrics.SPECS)
+
+
 def test_every_contract_metric_is_in_the_table() -> None:
     missing = set(CONTRACT) - set(metrics.BY_NAME)
     assert not missing, f"contract metrics missing from metrics.SPECS: {sorted(missing)}"

@@ -123,6 +123,11 @@ def test_sdk_disabled_is_respected(monkeypatch: pytest.MonkeyPatch, caplog: pyte
     assert ["OTEL_SDK_DISABLED" in m for m in errors(caplog)] == [True]
 
 
+# The SDK's exporter module creates its logger at import, before any exporter is wrapped (it
+# exists here even when this test runs alone, with the real module never imported).
+SDK_LOG = logging.getLogger("opentelemetry.exporter.otlp.proto.http.metric_exporter")
+
+
 class ScriptedExporter(MetricExporter):
     """An OTLP exporter stand-in that fails, then succeeds, logging as the SDK's HTTP client does."""
 
@@ -133,8 +138,7 @@ class ScriptedExporter(MetricExporter):
     def export(self, metrics_data: object, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
         result = self.results.pop(0)
         if result is MetricExportResult.FAILURE:
-            logging.getLogger("opentelemetry.exporter.otlp.proto.http.metric_exporter").error(
-                "Failed to export metrics batch code: 404, reason: Not Found")
+            SDK_LOG.error("Failed to export metrics batch code: 404, reason: Not Found")
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
