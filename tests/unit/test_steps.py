@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
@@ -122,6 +123,33 @@ def test_several_optimizers_count_one_step_per_iteration(active: StepTracker) ->
         _train(opt_d, d)
         _train(opt_g, g)
     assert active.steps == 4
+
+
+class _NestedSGD(torch.optim.SGD):
+    """A custom optimizer that delegates to its parent: torch wraps both classes' step(), so the
+    global hooks run twice per call (pre, pre, post, post)."""
+
+    def step(self, closure: Any = None) -> Any:
+        return super().step(closure)
+
+
+def test_a_subclass_step_calling_super_counts_once(active: StepTracker) -> None:
+    model = torch.nn.Linear(8, 8)
+    torch.optim.SGD(model.parameters(), lr=0.1)  # SGD.step is wrapped (and hooked) first
+    opt = _NestedSGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        _train(opt, model)
+    assert active.steps == 3
+
+
+def test_a_step_that_raised_does_not_stop_the_next_from_counting(active: StepTracker) -> None:
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train(opt, model)
+    with pytest.raises(RuntimeError, match="closure"):
+        opt.step(closure=lambda: (_ for _ in ()).throw(RuntimeError("closure")))  # pre hook ran, post never
+    _train(opt, model)
+    assert active.steps == 2
 
 
 def test_manual_step_turns_off_detection(active: StepTracker) -> None:
