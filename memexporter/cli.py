@@ -71,7 +71,12 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     from memexporter import exporter
 
-    exporter.start(port_hint="--port or MEMEXPORTER_PORT", **settings)
+    try:
+        exporter.start(port_hint="--port or MEMEXPORTER_PORT", **settings)
+    except (OSError, RuntimeError) as exc:  # strict: the server or the OTLP push could not start
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc  # no "[Errno 98]" prefix
+        print(f"memexporter run: {reason} (--strict: the script was not started)", file=sys.stderr)
+        return 1
     sys.argv = [target, *args.args]
     try:
         if args.module:

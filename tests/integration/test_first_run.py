@@ -78,6 +78,30 @@ def test_no_strict_overrides_the_environment(tmp_path: Path) -> None:
     assert "already in use" in out.stderr and "--port" in out.stderr and "start(port=" not in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize(("env", "taken", "message"), [
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "MEMEXPORTER_OTEL": "1"}, False,
+     "OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not an OTLP protocol"),
+    ({}, True, "is already in use. Pick another base port with --port"),
+])
+def test_strict_start_failures_are_one_line_and_the_script_does_not_run(env: dict[str, str], taken: bool, message: str,
+                                                                       tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('should not run')")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        if taken:
+            holder.listen()
+        port = holder.getsockname()[1]
+        if not taken:
+            holder.close()
+        out = memexporter("run", "--strict", "--port", str(port), "--addr", "127.0.0.1", str(script), cwd=tmp_path,
+                          env=env)
+    assert out.returncode == 1 and "should not run" not in out.stdout
+    assert "Traceback" not in out.stderr and "[Errno" not in out.stderr, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("memexporter run: ") and message in last, out.stderr
+
+
 @pytest.fixture
 def _logger_restored() -> Iterator[None]:
     # cli.main() configures the memexporter logger (its own handler, no propagation): put it back,
