@@ -10,6 +10,5 @@ bench:
 	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py
 rules:
 	.venv/bin/python -m memexporter rules > alerts/memexporter.rules.yml
-	.venv/bin/python -m memexporter rules --preset demo > alerts/memexporter.demo.rules.yml
 dashboards:
 	.venv/bin/python -m memexporter.dashboards

@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
                         help="parameter set (default: %(default)s)")
     default_selector = RulesConfig.selector.replace("%", "%%")  # argparse %-formats help texts
-    parser.add_argument("--selector", help=f"label matchers for every series, e.g. 'job=\"trainer\"' "
+    parser.add_argument("--selector", help="PromQL label matchers for every series, comma-separated, values "
+                        f"quoted: e.g. 'job=\"trainer\"' or 'namespace=\"ml\",job=~\"trainer-.*\"' "
                         f"(default: {default_selector})")
     parser.add_argument("--critical-severity", choices=SEVERITIES, help="severity of MemexporterOOMImminent "
                         "(warning: never page)")

@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from memexporter.rules.selector import parse_selector
+
 SEVERITIES = ("critical", "warning", "info")
 # The labels that name one training run: the ranks that share them are peers (RankImbalance).
 # A label a series lacks groups as empty, so a setup with one run per Prometheus job, no
@@ -93,3 +95,11 @@ def parse_peer_labels(text: str) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"memexporter: peer labels {text!r} repeat a label")
     return names
+
+
+def check(c: RulesConfig) -> None:
+    """Raise ValueError naming the first value of ``c`` that would render rules Prometheus refuses."""
+    parse_selector(c.selector)
+    if c.critical_severity not in SEVERITIES:
+        raise ValueError(f"memexporter: critical_severity must be one of {SEVERITIES}, got {c.critical_severity!r}")
+    parse_peer_labels(c.peer_labels)

@@ -1,6 +1,6 @@
 """Issue 5's live end-to-end check, nothing mocked: the demo leaks toward its budget; a real
 Prometheus scrapes it with `memexporter rules --preset demo`; a real Alertmanager routes with the
-shipped `alerts/alertmanager.example.yml` (only its placeholder webhook URLs point at this test).
+shipped `alertmanager/alertmanager.example.yml` (only its placeholder webhook URLs point at this test).
 The warning must reach the chat webhook before the demo hits its simulated OOM; the lead time
 is printed and recorded."""
 
@@ -18,6 +18,7 @@ from tests.support.alertmanager import WebhookReceiver, running_alertmanager
 from tests.support.demo import running_demo
 from tests.support.ports import free_port
 from tests.support.prometheus import running_prometheus
+from tests.support.rules import render_preset
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ DEMO_ARGS = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-siz
 
 def routed_example(tmp: Path, webhook: str) -> Path:
     """The shipped routing example with its placeholder receivers pointing at the test's webhook."""
-    text = (REPO_ROOT / "alerts" / "alertmanager.example.yml").read_text()
+    text = (REPO_ROOT / "alertmanager" / "alertmanager.example.yml").read_text()
     for placeholder, path in (("http://pager.example.invalid/memexporter", "pager"),
                               ("http://chat.example.invalid/memexporter", "chat")):
         assert placeholder in text, f"the example no longer has the {placeholder} placeholder"
@@ -46,7 +47,7 @@ def firing(alertname: str) -> Any:
 
 def test_page_arrives_before_the_simulated_oom(tmp_path: Path, record_property: Any) -> None:
     port = free_port()
-    rules = REPO_ROOT / "alerts" / "memexporter.demo.rules.yml"
+    rules = render_preset(tmp_path / "rules", "demo")
     with WebhookReceiver() as hook, running_alertmanager(routed_example(tmp_path, hook.url)) as am, \
             running_demo(port, *DEMO_ARGS, timeout=90) as demo, \
             running_prometheus([f"127.0.0.1:{port}"], [rules], alertmanager_url=am.url) as prom:

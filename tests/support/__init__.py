@@ -10,6 +10,7 @@
   their HTTP endpoints answer, stopped with their whole process group.
 - ``ports``: free loopback ports (``free_port``, ``free_port_block`` for port + LOCAL_RANK).
 - ``promql``: metric names in an expression, variable substitution, ``promtool check rules``.
+- ``rules``: a rules preset rendered into the test's own folder (``render_preset``).
 
 ``test_harness.py`` here tests the harness itself against the real binaries.
 """
