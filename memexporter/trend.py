@@ -41,6 +41,23 @@ NOISE_FLOOR_BYTES = 1.0 * MIB
 residuals (1.4826 * MAD) and 1 MiB. The floor matters when the allocator rounds to blocks and
 the residuals are exactly 0: a drift under 1 MiB over the whole window is not worth a page."""
 
+WARMUP_SECONDS = 5.0
+"""Points also count as warm-up for the first 5 s after start or restart, however many steps that
+is. A CPU job's RSS settles per second of work as much as per step (the C heap and torch's CPU
+caches grow while the first tensors of each size are allocated and freed): at 24 steps/s the
+demo's 20 warm-up steps last under a second, and its start-up creep read as a leak."""
+
+MAX_AUTOCORRELATION = 0.95
+"""The noise band widens at most sqrt(1.95 / 0.05), about 6x, for the smoothest noise."""
+
+MIN_SPAN_SECONDS = 3.0
+"""A slope also needs its points to span 3 s (or a full window): 32 steps of a fast CPU job last
+about a second, within one tooth of the C heap's sawtooth, and look just like a leak."""
+
+SLOWDOWN = 0.5
+"""Growth is sustained only if the newest quarter of the window still grows at half the window's
+rate or more: a leak keeps its pace, start-up creep slows down and stops."""
+
 RESTART_DROP_FRACTION = 0.25
 RESTART_DROP_FLOOR_BYTES = 64.0 * MIB
 RESTART_LOOKBACK = 8
@@ -62,7 +79,8 @@ class TrendPoints:
     monotonic seconds, bytes, bytes), thinned evenly to ``MAX_FIT_POINTS`` when ``held`` (points in
     the window) is larger. ``recent_peaks``: the last ``PEAK_LOOKBACK`` step peaks in bytes,
     warm-up included. ``last_baseline``/``last_peak``: the last step's bytes, None before one.
-    ``min_points``: points needed for a slope. ``restarts``: how often the window was reset.
+    ``min_points``: points needed for a slope; ``capacity``: the most the window holds.
+    ``restarts``: how often the window was reset.
     """
 
     steps: tuple[int, ...]
@@ -75,6 +93,7 @@ class TrendPoints:
     last_peak: float | None
     min_points: int
     restarts: int
+    capacity: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,18 +117,22 @@ def _even(n: int, m: int) -> list[int]:
 class TrendWindow:
     """Bounded ring buffer of per-step points. ``add()`` is O(1) (about 1 us) and thread-safe.
 
-    The first ``warmup_steps`` points after start or restart are counted but kept out of the fit:
-    allocator and cache warm-up raise the baseline in the first steps. A restart (the step number
-    or the time going backwards, or a baseline drop past ``RESTART_DROP_*``) clears the window.
+    The points of the first ``warmup_steps`` steps and the first ``warmup_seconds`` seconds after
+    start or restart are counted but kept out of the fit: allocator and cache warm-up raise the
+    baseline at first. A restart (the step number or the time going backwards, or a baseline drop
+    past ``RESTART_DROP_*``) clears the window.
     """
 
-    def __init__(self, capacity: int, warmup_steps: int) -> None:
+    def __init__(self, capacity: int, warmup_steps: int, warmup_seconds: float = WARMUP_SECONDS) -> None:
         for name, value, lo in (("capacity", capacity, 2), ("warmup_steps", warmup_steps, 0)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"memexporter: TrendWindow {name} must be an int, got {value!r}")
             if value < lo:
                 raise ValueError(f"memexporter: TrendWindow {name} must be >= {lo}, got {value!r}")
-        self.capacity, self.warmup_steps = capacity, warmup_steps
+        if isinstance(warmup_seconds, bool) or not isinstance(warmup_seconds, (int, float)) \
+                or not 0 <= warmup_seconds < math.inf:
+            raise ValueError(f"memexporter: TrendWindow warmup_seconds must be a finite number >= 0, got {warmup_seconds!r}")
+        self.capacity, self.warmup_steps, self.warmup_seconds = capacity, warmup_steps, float(warmup_seconds)
         # Preallocated C arrays and a write index: add() overwrites in place and nothing grows;
         # 32 bytes a point (3 MiB at 100 000), where lists of Python floats take ~130.
         self._rings = (array("q", bytes(8 * capacity)), array("d", bytes(8 * capacity)),
@@ -119,6 +142,8 @@ class TrendWindow:
         self._recent_base: deque[float] = deque(maxlen=RESTART_LOOKBACK)
         self._recent_peak: deque[float] = deque(maxlen=PEAK_LOOKBACK)
         self._seen = 0  # points since start or restart, warm-up included
+        self._first_t = 0.0  # time of the first of them
+        self._last_in_ring = False  # whether the last point went into the ring (past warm-up)
         self._last_step, self._last_t = 0, 0.0
         self._restarts = 0
         # The step hook writes while the scrape thread copies: the lock keeps the rings aligned.
@@ -139,11 +164,14 @@ class TrendWindow:
                 # The same step reported twice (manual step() plus a hook): keep the latest
                 # reading, and never two equal x values in the fit.
                 self._recent_base[-1], self._recent_peak[-1], self._last_t = baseline, peak, t
-                if self._seen > self.warmup_steps:  # the last point is in the ring; -1 wraps
+                if self._last_in_ring:  # -1 wraps
                     _, times, bases, peaks = self._rings
                     times[self._head - 1], bases[self._head - 1], peaks[self._head - 1] = t, baseline, peak
                 return
-            if self._seen >= self.warmup_steps:
+            if not self._seen:
+                self._first_t = t
+            self._last_in_ring = self._seen >= self.warmup_steps and t - self._first_t >= self.warmup_seconds
+            if self._last_in_ring:
                 # Ring first: a step the int64 array refuses raises before any state changed.
                 i = self._head
                 steps, times, bases, peaks = self._rings
@@ -163,6 +191,7 @@ class TrendWindow:
     def _clear(self) -> None:
         # Stale slots keep old values; _count says they are outside the window.
         self._head = self._count = self._seen = 0
+        self._last_in_ring = False
         self._recent_base.clear()
         self._recent_peak.clear()
         self._restarts += 1
@@ -188,6 +217,7 @@ class TrendWindow:
                 last_peak=self._recent_peak[-1] if self._recent_peak else None,
                 min_points=min(MIN_POINTS, cap),
                 restarts=self._restarts,
+                capacity=cap,
             )
 
 
@@ -203,23 +233,47 @@ def _is_significant(x: Vector, y: Vector, slope: float) -> bool:
     resid -= np.median(resid)
     sigma = 1.4826 * float(np.median(np.abs(resid)))  # MAD scaled to a Gaussian sigma
     rise = abs(slope * float(x[-1] - x[0]))
-    return rise > max(NOISE_SIGMAS * sigma, NOISE_FLOOR_BYTES)
+    return rise > max(NOISE_SIGMAS * sigma * _inflation(resid, sigma), NOISE_FLOOR_BYTES)
+
+
+def _inflation(resid: Vector, sigma: float) -> float:
+    """How much wider the noise band is because neighbouring residuals move together.
+
+    A CPU job's RSS is a sawtooth: the C heap grows for tens of steps, then returns memory to the
+    OS at once. Its residuals are not independent: a window that starts at a drop and ends at a
+    tooth's top rises far more than independent noise of the same MAD would. For noise whose
+    lag-1 autocorrelation is rho, n points weigh like n (1 - rho) / (1 + rho) independent ones,
+    so the band widens by sqrt((1 + rho) / (1 - rho)): 1 for independent noise, 3 at rho = 0.8.
+    rho comes from the von Neumann ratio, 1 - var(step-to-step change) / (2 var), both variances
+    from MADs, so the sawtooth's rare drops and one-off spikes do not move it. A window that
+    spans many teeth averages them out, so the widening stops at sqrt(n / MIN_INDEPENDENT_POINTS).
+    """
+    if sigma <= 0 or len(resid) < 3:
+        return 1.0
+    diff_sigma = 1.4826 * float(np.median(np.abs(np.diff(resid))))
+    rho = min(max(1.0 - diff_sigma**2 / (2 * sigma**2), 0.0), MAX_AUTOCORRELATION)
+    return math.sqrt((1 + rho) / (1 - rho))
+
+
+def _pair_slope(x: Vector, y: Vector) -> float:
+    """Theil-Sen slope of ``y`` against ``x``."""
+    i, j = np.triu_indices(len(y), k=1)
+    return _median_slope(y[j] - y[i], x[j] - x[i])
 
 
 def _sustained(x: Vector, y: Vector, slope: float) -> bool:
-    """Whether the newer half of the window also moves significantly, in the same direction.
+    """Whether the growth keeps its pace: the newer half and the newest quarter of the window
+    each move at ``SLOWDOWN`` of the whole window's rate or more, in the same direction.
 
-    A leak keeps growing; allocator warm-up (glibc arenas, the caching allocator filling its
-    pools) grows fast and then flattens, which a whole-window slope still reads as a small,
-    significant rise. On the CPU demo that rise was ~0.08 MiB/step and the ETA wandered between
-    one and eight days on a healthy job. Requiring the newer half to show the growth too keeps
-    the current trend, not the start-up, in charge.
+    A leak keeps growing at its pace; start-up creep (glibc arenas, the caching allocator filling
+    its pools) grows fast and then flattens, which a whole-window slope still reads as a small,
+    significant rise. On the CPU demo that rise was ~0.1 MiB/step, an ETA of hours on a healthy
+    job. Requiring the recent points to keep the pace keeps the current trend, not the start-up,
+    in charge; a leak that starts part-way through the window grows faster at the end, and passes.
     """
-    half = len(y) // 2
-    xr, yr = x[half:], y[half:]
-    i, j = np.triu_indices(len(yr), k=1)
-    recent = _median_slope(yr[j] - yr[i], xr[j] - xr[i])
-    return recent * slope > 0 and _is_significant(xr, yr, recent)
+    half, quarter = len(y) // 2, len(y) - len(y) // 4
+    return (_pair_slope(x[half:], y[half:]) / slope >= SLOWDOWN
+            and _pair_slope(x[quarter:], y[quarter:]) / slope >= SLOWDOWN)
 
 
 def estimate(points: TrendPoints, limit_bytes: float | None) -> TrendEstimate:
@@ -232,7 +286,8 @@ def estimate(points: TrendPoints, limit_bytes: float | None) -> TrendEstimate:
     """
     n = len(points.steps)
     per_step = per_second = 0.0
-    if points.held >= points.min_points and n >= 2:
+    if points.held >= points.min_points and n >= 2 and (
+            points.times[-1] - points.times[0] >= MIN_SPAN_SECONDS or points.held >= points.capacity):
         # Hand-built points may be unthinned; O(n^2) pairs must stay bounded.
         idx = _even(n, MAX_FIT_POINTS) if n > MAX_FIT_POINTS else list(range(n))
         x_step = np.asarray(points.steps, dtype=np.float64)[idx]
