@@ -35,17 +35,20 @@ class RulesConfig:
     level_window: int = 300  # max_over_time of the step peak: the level every gate reads
     trend_window: int = 3600  # Prometheus-side trend: medians of its two halves, one half apart
     predicted_horizon: int = 7200
-    predicted_min_utilisation: float = 0.6  # node-mixin warns below 40% free
-    predicted_for: int = 1800
+    predicted_min_utilisation: float = 0.5  # warn from half full: the ETA itself is gated on noise
+    predicted_for: int = 900  # > the exporter's read of a warm-up tail (minutes), < a young job's life
     imminent_horizon: int = 1800
     imminent_min_utilisation: float = 0.8  # node-mixin's critical gate: below 20% free
     imminent_full_utilisation: float = 0.97  # headroom nearly gone, whatever the trend
     imminent_for: int = 600
     leak_min_growth_per_hour: float = 0.01  # baseline growth, as a fraction of the limit per hour
-    leak_for: int = 1800
+    leak_for: int = 900
     thrashing_window: int = 300
     thrashing_for: int = 600
     oom_window: int = 600
+    lost_window: int = 900  # how long after a target is lost its last figures still count
+    lost_min_utilisation: float = 0.9  # the last step peak, as a fraction of the limit
+    lost_for: int = 120  # a target gone this long is not one failed scrape
     fragmentation_window: int = 900
     fragmentation_min_ratio: float = 0.3
     fragmentation_min_waste: float = 0.05  # inactive split bytes as a fraction of the limit
@@ -65,10 +68,10 @@ class RulesConfig:
     def demo(cls) -> RulesConfig:
         """Windows in seconds so ``memexporter demo`` and the end-to-end test fire in minutes.
         Assumes scrape and evaluation intervals of 5 s or less; thresholds are the defaults'."""
-        return cls(level_window=30, trend_window=120, predicted_horizon=600, predicted_for=60,
-                   imminent_horizon=120, imminent_for=30, leak_for=60, thrashing_window=60,
-                   thrashing_for=30, oom_window=60, fragmentation_window=60, fragmentation_for=60,
-                   imbalance_for=60, collector_window=60, collector_for=60)
+        return cls(level_window=30, trend_window=120, predicted_horizon=600, predicted_for=30,
+                   imminent_horizon=120, imminent_for=30, leak_for=30, thrashing_window=60,
+                   thrashing_for=30, oom_window=60, lost_window=60, lost_for=10, fragmentation_window=60,
+                   fragmentation_for=60, imbalance_for=60, collector_window=60, collector_for=60)
 
 
 PRESETS: Mapping[str, RulesConfig] = {"default": RulesConfig.default(), "demo": RulesConfig.demo()}

@@ -38,10 +38,16 @@ class Rule:
     description: str = ""
 
 
-def query(metric: str, fmt: str) -> str:
-    """Template text printing ``metric`` for the alert's job/instance/rank/device through ``fmt``."""
-    labels = "$labels.job $labels.instance $labels.rank $labels.device"
-    return (f'{{{{ with printf "{metric}{{job=%q,instance=%q,rank=%q,device=%q}}" {labels} | query }}}}'
+def query(metric: str, fmt: str, over: str = "", rank_only: bool = False) -> str:
+    """Template text printing ``metric`` for the alert's job/instance/rank/device through ``fmt``;
+    ``over`` (a duration) reads its last value within that range, for a series that is gone;
+    ``rank_only`` for a series without ``device`` (``steps_total``)."""
+    names = ("job", "instance", "rank") if rank_only else ("job", "instance", "rank", "device")
+    selector = metric + "{" + ",".join(f"{n}=%q" for n in names) + "}"
+    if over:
+        selector = f"last_over_time({selector}[{over}])"
+    labels = " ".join(f"$labels.{n}" for n in names)
+    return (f'{{{{ with printf "{selector}" {labels} | query }}}}'
             f"{{{{ $v := . | first | value }}}}{fmt}{{{{ end }}}}")
 
 
@@ -66,6 +72,11 @@ def params(c: RulesConfig) -> dict[str, str]:
                       "and on(job, instance, rank) (memexporter_steps_total{%(sel)s} offset %(trend_window)s)",
     )
     p["uninterrupted"] %= p
+    p.update(
+        last_peak=query("memexporter_memory_peak_bytes", "{{ $v | humanize1024 }}B", p["lost_window"]),
+        last_limit=query("memexporter_memory_limit_bytes", "{{ $v | humanize1024 }}B", p["lost_window"]),
+        last_steps=query("memexporter_steps_total", '{{ $v | printf "%.0f" }}', p["lost_window"], rank_only=True),
+    )
     return p
 
 
@@ -114,10 +125,10 @@ def alerts(c: RulesConfig) -> list[Rule]:
     util, eta = _UTIL + "{%(sel)s}", _ETA + ":min{%(sel)s}"
     return [
         Rule("MemexporterOOMPredicted",
-             f"{eta} < %(predicted_horizon_s)s\nand\n{util} > %(predicted_min_utilisation)s\n%(uninterrupted)s",
-             "Level AND forecast AND a long for: (node-mixin filling up). Only after a full trend window\n"
-             "of steps: the tail of a warm-up reads as a slope in the exporter's window for a while.\n"
-             "OOMImminent has no such wait, so a fast leak right after a restart still pages.",
+             f"{eta} < %(predicted_horizon_s)s\nand\n{util} > %(predicted_min_utilisation)s",
+             "Level AND forecast AND for: (node-mixin filling up). The forecast is the sooner of two ETAs:\n"
+             "the exporter's from its first steps (its warm-up, noise and pace gates keep start-up creep\n"
+             "out), and Prometheus' only once it has a full trend window of steps without a restart.",
              c.predicted_for, "warning",
              "Training memory is predicted to run out within %(predicted_horizon)s.",
              "%(who)s is predicted to run out of memory in {{ $value | humanizeDuration }}: "
@@ -131,8 +142,10 @@ def alerts(c: RulesConfig) -> list[Rule]:
              "time to OOM at the current trend: %(eta)s."),
         Rule("MemexporterMemoryLeak",
              "memexporter_leak_rate_bytes_per_second{%(sel)s} * 3600 / memexporter_memory_limit_bytes{%(sel)s}\n"
-             "  > %(leak_min_growth_per_hour)s\nand\nrank_device:memexporter_memory_baseline_bytes:deriv{%(sel)s} > 0",
-             "The exporter's slope AND Prometheus' median trend agree that the baseline grows.",
+             "  > %(leak_min_growth_per_hour)s\nunless on(job, instance, rank, device)\n"
+             "rank_device:memexporter_memory_baseline_bytes:deriv{%(sel)s} <= 0",
+             "The exporter's slope, from its first steps; once Prometheus' median trend of the baseline\n"
+             "has a full window (no restart in it), it must agree that the baseline grows.",
              c.leak_for, "warning", "Memory held between training steps keeps growing.",
              "%(who)s holds more memory between steps every hour: its baseline grows by "
              "{{ $value | humanizePercentage }} of the limit per hour (%(leak)s per step); "
@@ -149,6 +162,21 @@ def alerts(c: RulesConfig) -> list[Rule]:
              "gap is shorter than the window.", 0, "warning", "A training process ran out of memory.",
              '%(who)s raised about {{ $value | printf "%%.0f" }} CUDA out-of-memory error(s) '
              "in the last %(oom_window)s."),
+        Rule("MemexporterFatalOOMSuspected",
+             "last_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(lost_window)s])\n"
+             "  / last_over_time(memexporter_memory_limit_bytes{%(sel)s}[%(lost_window)s])\n"
+             "  > %(lost_min_utilisation)s\n"
+             "unless on(job, instance, rank, device) memexporter_memory_peak_bytes{%(sel)s}\n"
+             "unless on(job, instance) up{%(sel)s} == 1",
+             "A fatal OOM (an uncaught CUDA OOM, the kernel's OOM killer) ends the process before the next\n"
+             "scrape, so OOMOccurred never sees it: the series just stop. This fires when they stop (the\n"
+             "target is down or gone) while the last step peak was near the limit. A target that is up\n"
+             "but lacks the series has a failing collector (CollectorFailing), not a dead process.",
+             c.lost_for, "warning", "A training process died near its memory limit: probably an OOM.",
+             "%(who)s stopped answering scrapes right after its per-step peak reached "
+             "{{ $value | humanizePercentage }} of its limit (last seen: peak %(last_peak)s of %(last_limit)s, "
+             "%(last_steps)s steps): it probably died of an out-of-memory error, an uncaught CUDA OOM or "
+             "the kernel's OOM killer. Check its exit status and log."),
         Rule("MemexporterFragmentationHigh",
              "avg_over_time(memexporter_allocator_fragmentation_ratio{%(sel)s}[%(fragmentation_window)s])\n"
              "  > %(fragmentation_min_ratio)s\nand\n"

@@ -133,6 +133,7 @@ def test_amtool_check_config() -> None:
     (("alertname=MemexporterOOMImminent", "severity=critical"), "training-pager"),
     (("alertname=MemexporterOOMPredicted", "severity=warning"), "training-chat"),
     (("alertname=MemexporterCollectorFailing", "severity=warning"), "training-chat"),
+    (("alertname=MemexporterFatalOOMSuspected", "severity=warning"), "training-chat"),
 ])
 def test_amtool_routes_by_severity(labels: tuple[str, ...], receiver: str) -> None:
     result = run(require("amtool"), "config", "routes", "test", f"--config.file={AM_EXAMPLE}",
@@ -182,3 +183,12 @@ def test_alertmanager_inhibits_the_warning_twin(tmp_path: Path) -> None:
             time.sleep(2)  # anything else already queued (group_wait 1s) would have arrived by now
             notified = {(a["labels"]["alertname"], a["labels"]["rank"]) for p in hook.payloads() for a in p["alerts"]}
             assert ("MemexporterOOMPredicted", "0") not in notified
+
+            # A job that died of an OOM: its ranks vanish together; one notification for the job.
+            _post_alerts(am.url, [alert("MemexporterFatalOOMSuspected", "warning", "0"),
+                                  alert("MemexporterFatalOOMSuspected", "warning", "1")])
+            died = hook.wait_for(lambda p: any(a["labels"]["alertname"] == "MemexporterFatalOOMSuspected"
+                                               for a in p["alerts"]), timeout=60)
+            assert died.path == "/training-chat"
+            assert died.payload["groupLabels"] == {"alertname": "MemexporterFatalOOMSuspected", "job": "memexporter"}
+            assert sorted(a["labels"]["rank"] for a in died.payload["alerts"]) == ["0", "1"]
