@@ -150,11 +150,24 @@ def _ranks() -> list[Panel]:
     ]
 
 
+FATAL_OOM = "MemexporterFatalOOMSuspected"
+
+
 def _alert_annotation() -> JSON:
     return {"datasource": DS, "enable": True, "iconColor": "red", "name": "memexporter alerts", "step": "30s",
-            "expr": 'ALERTS{alertname=~"Memexporter.*", alertstate="firing", job=~"$job"}',
+            "expr": f'ALERTS{{alertname=~"Memexporter.*", alertname!="{FATAL_OOM}", alertstate="firing", job=~"$job"}}',
             "titleFormat": "{{alertname}}", "textFormat": "{{severity}}: rank {{rank}} on {{instance}}",
             "tagKeys": "severity,rank", "useValueForTime": False}
+
+
+def _fatal_oom_annotation() -> JSON:
+    """One mark where a target vanished near its limit: ALERTS_FOR_STATE holds the Unix time (s) the
+    alert went pending, the first evaluation after the series stopped; Grafana wants milliseconds."""
+    return {"datasource": DS, "enable": True, "iconColor": "dark-red", "name": "probable fatal OOM", "step": "30s",
+            "expr": f'ALERTS_FOR_STATE{{alertname="{FATAL_OOM}", job=~"$job"}} * 1000',
+            "titleFormat": "probably died of an OOM",
+            "textFormat": "rank {{rank}} on {{instance}} ({{device}}) stopped right after a step peak near its limit",
+            "tagKeys": "rank,device", "useValueForTime": True}
 
 
 def build() -> dict[str, JSON]:
@@ -164,7 +177,7 @@ def build() -> dict[str, JSON]:
             "options": [{"selected": v == "10", "text": v, "value": v} for v in ("5", "10", "20")]}
     return {
         "memexporter-overview.json": dashboard("memexporter-overview", "Overview", _overview(),
-                                               annotations=[_alert_annotation()]),
+                                               annotations=[_alert_annotation(), _fatal_oom_annotation()]),
         "memexporter-modules.json": dashboard("memexporter-modules", "Modules", _modules(), [topk]),
         "memexporter-ranks.json": dashboard("memexporter-ranks", "Ranks", _ranks()),
     }
