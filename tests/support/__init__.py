@@ -11,6 +11,10 @@
 - ``ports``: free loopback ports (``free_port``, ``free_port_block`` for port + LOCAL_RANK).
 - ``promql``: metric names in an expression, variable substitution, ``promtool check rules``.
 - ``rules``: a rules preset rendered into the test's own folder (``render_preset``).
+- ``traces``, ``scenarios``, ``scenario_defs``: SYNTHETIC per-step traces scraped through the real
+  trend estimator into promtool scenarios (``python -m tests.support.scenarios`` writes them);
+  ``probe``: when each alert of a scenario fires, asked of promtool at every evaluation.
+- ``healthy_demo``: the demo's own loop in fresh forked processes, its ETA read after every step.
 
 ``test_harness.py`` here tests the harness itself against the real binaries.
 """
