@@ -171,7 +171,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("keyfile", _opt_path, None, "TLS private key (PEM, unencrypted) matching certfile. Needs certfile.", "a file path"),
     Knob("memory_limit_bytes", _opt_positive, None, "Soft budget (bytes) that caps memory_limit_bytes for the devices the job trains on (CUDA if any is in use, else cpu).", "an integer > 0, in bytes"),
     Knob("leak_window", _window, 200, "Steps in the leak-rate window (ring buffer; 8..100000).", "an integer 8-100000"),
-    Knob("warmup_steps", _non_negative, 20, "Steps ignored at the start of the run and after a restart (allocator and cache warm-up).", "an integer >= 0"),
+    Knob("warmup_steps", _non_negative, 20, "Steps ignored at the start of the run and after a restart (allocator and cache warm-up); so are the first 5 s.", "an integer >= 0"),
     Knob("auto_step", _bool, True, "Count every optimizer.step() as a step boundary. memexporter.step() turns this off."),
     Knob("module_depth", _positive, 3, "Deepest module path reported by track(); deeper modules fold into their ancestor.", "an integer >= 1"),
     Knob("max_modules", _positive, 100, "Most module rows per tracked model; the smallest fold into their parent.", "an integer >= 1"),

@@ -1,34 +1,15 @@
-"""The Grafana dashboards, generated: ``python -m memexporter.dashboards [--check]``.
+"""The panel tables of the three dashboards: what each panel asks and which queries answer it.
 
-Each dashboard is a data table of panels (title, type, unit, description, queries) rendered into
-Grafana's classic JSON model (schemaVersion 39, loads in Grafana 10 and 11). The committed files
-under ``grafana/dashboards/`` are this module's output; ``--check`` exits 1 when they drift.
-
-Every query filters ``job``, ``instance`` and ``rank`` through the dashboard variables. A panel
-whose every query needs a CUDA-only metric (``cuda_only`` in the spec table) gets the suffix
-``(GPU only)`` in its description, so readers and tests know it stays empty on a CPU job.
+Every query filters ``job``, ``instance`` and ``rank`` through the dashboard variables (``m()``).
+``grafana.py`` turns the tables into Grafana's JSON.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import re
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from memexporter.dashboards.grafana import DS, JSON, Panel, dashboard
+from memexporter.rules.params import PEER_LABELS
 
-from memexporter.metrics import BY_NAME
-from memexporter.rules import PEER_LABELS
-
-JSON = dict[str, Any]
-DS: JSON = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'job=~"$job", instance=~"$instance", rank=~"$rank"'
-GPU_ONLY = " (GPU only)"
-SCHEMA_VERSION = 39
-OUT_DIR = Path(__file__).resolve().parent.parent / "grafana" / "dashboards"
-_METRIC = re.compile(r"\bmemexporter_[a-z0-9_]+\b")
 _FAMILIES = ("parameter", "gradient", "optimizer_state", "activation")
 
 
@@ -41,32 +22,6 @@ def by_kind(expr: str) -> str:
     """Add a ``device_kind`` label (``cuda`` or ``cpu``): ranks compare like with like, and
     rank 0 on ``cuda:0`` must be compared with rank 1 on ``cuda:1``."""
     return f'label_replace({expr}, "device_kind", "$1", "device", "([a-z]+).*")'
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One panel: ``targets`` are ``(expr, legend)``; ``w``/``h`` in grid units (24 columns)."""
-
-    title: str
-    kind: str  # timeseries | stat | bargauge | table
-    unit: str
-    description: str
-    targets: tuple[tuple[str, str], ...]
-    w: int = 12
-    h: int = 8
-    stack: bool = False
-    instant: bool = False
-    thresholds: tuple[tuple[str, float | None], ...] = (("green", None),)
-
-
-def metrics_of(expr: str) -> set[str]:
-    """The memexporter metrics a query reads (the dashboards use no recording rules)."""
-    return set(_METRIC.findall(expr))
-
-
-def gpu_only(exprs: list[str]) -> bool:
-    """True when every query needs at least one CUDA-only metric: the panel is empty on a CPU job."""
-    return bool(exprs) and all(any(BY_NAME[n].cuda_only for n in metrics_of(e)) for e in exprs)
 
 
 def _overview() -> list[Panel]:
@@ -195,95 +150,24 @@ def _ranks() -> list[Panel]:
     ]
 
 
-def _target(ref: str, expr: str, legend: str, p: Panel) -> JSON:
-    return {"datasource": DS, "editorMode": "code", "expr": expr, "legendFormat": legend, "refId": ref,
-            "range": not p.instant, "instant": p.instant, **({"format": "table"} if p.kind == "table" else {})}
-
-
-def _options(p: Panel) -> JSON:
-    reduce = {"calcs": ["lastNotNull"], "fields": "", "values": False}
-    if p.kind == "timeseries":
-        return {"legend": {"calcs": ["lastNotNull", "max"], "displayMode": "table", "placement": "bottom",
-                           "showLegend": True},
-                "tooltip": {"mode": "multi", "sort": "desc"}}
-    if p.kind == "stat":
-        return {"colorMode": "value", "graphMode": "none", "justifyMode": "auto", "orientation": "auto",
-                "reduceOptions": reduce, "textMode": "value_and_name"}
-    if p.kind == "bargauge":
-        return {"displayMode": "gradient", "orientation": "horizontal", "reduceOptions": reduce,
-                "showUnfilled": True, "valueMode": "color"}
-    return {"cellHeight": "sm", "showHeader": True, "sortBy": [{"desc": True, "displayName": "activation"}]}
-
-
-def _panel(pid: int, p: Panel, pos: JSON) -> JSON:
-    exprs = [e for e, _ in p.targets]
-    defaults: JSON = {"unit": p.unit, "thresholds": {"mode": "absolute", "steps": [
-        {"color": c, "value": v} for c, v in p.thresholds]}}
-    if p.kind == "timeseries":
-        defaults["custom"] = {"fillOpacity": 30 if p.stack else 10, "lineWidth": 1, "showPoints": "never",
-                              "stacking": {"group": "A", "mode": "normal" if p.stack else "none"}}
-    out: JSON = {
-        "datasource": DS, "description": p.description + (GPU_ONLY if gpu_only(exprs) else ""),
-        "fieldConfig": {"defaults": defaults, "overrides": []}, "gridPos": pos, "id": pid,
-        "options": _options(p), "targets": [_target(chr(65 + i), e, lg, p) for i, (e, lg) in enumerate(p.targets)],
-        "title": p.title, "type": p.kind,
-    }
-    if p.kind == "table":  # merge the instant queries on their labels: one column per query, named by its legend
-        rename = {f"Value #{t['refId']}": t["legendFormat"] for t in out["targets"]}
-        out["transformations"] = [
-            {"id": "merge", "options": {}},
-            {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": rename}}]
-    return out
-
-
-def _layout(panels: list[Panel]) -> list[JSON]:
-    """Flow the panels left to right into the 24-column grid, wrapping to a new row when full."""
-    out, x, y, row_h = [], 0, 0, 0
-    for i, p in enumerate(panels, start=1):
-        if x + p.w > 24:
-            x, y, row_h = 0, y + row_h, 0
-        out.append(_panel(i, p, {"h": p.h, "w": p.w, "x": x, "y": y}))
-        x, row_h = x + p.w, max(row_h, p.h)
-    return out
-
-
-def _query_var(name: str, query: str, sort: int) -> JSON:
-    return {"name": name, "label": name, "type": "query", "datasource": DS, "definition": query, "query": query,
-            "refresh": 2, "multi": True, "includeAll": True, "allValue": ".+", "sort": sort, "regex": "",
-            "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "hide": 0, "options": []}
-
-
-def _variables(extra: list[JSON]) -> list[JSON]:
-    info = "memexporter_build_info"
-    return [
-        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-         "current": {}, "hide": 0, "options": [], "refresh": 1, "regex": ""},
-        _query_var("job", f"label_values({info}, job)", 1),
-        _query_var("instance", f'label_values({info}{{job=~"$job"}}, instance)', 1),
-        _query_var("rank", f'label_values({info}{{job=~"$job", instance=~"$instance"}}, rank)', 3),
-        *extra,
-    ]
+FATAL_OOM = "MemexporterFatalOOMSuspected"
 
 
 def _alert_annotation() -> JSON:
     return {"datasource": DS, "enable": True, "iconColor": "red", "name": "memexporter alerts", "step": "30s",
-            "expr": 'ALERTS{alertname=~"Memexporter.*", alertstate="firing", job=~"$job"}',
+            "expr": f'ALERTS{{alertname=~"Memexporter.*", alertname!="{FATAL_OOM}", alertstate="firing", job=~"$job"}}',
             "titleFormat": "{{alertname}}", "textFormat": "{{severity}}: rank {{rank}} on {{instance}}",
             "tagKeys": "severity,rank", "useValueForTime": False}
 
 
-def dashboard(uid: str, title: str, panels: list[Panel], extra_vars: list[JSON] | None = None,
-              annotations: list[JSON] | None = None) -> JSON:
-    builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-               "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}
-    return {
-        "annotations": {"list": [builtin, *(annotations or [])]}, "description": f"memexporter: {title}",
-        "editable": True, "graphTooltip": 1, "id": None, "links": [{"asDropdown": True, "includeVars": True,
-        "keepTime": True, "tags": ["memexporter"], "title": "memexporter", "type": "dashboards"}],
-        "panels": _layout(panels), "refresh": "30s", "schemaVersion": SCHEMA_VERSION, "tags": ["memexporter"],
-        "templating": {"list": _variables(extra_vars or [])}, "time": {"from": "now-1h", "to": "now"},
-        "timepicker": {}, "timezone": "browser", "title": f"memexporter / {title}", "uid": uid, "version": 1,
-    }
+def _fatal_oom_annotation() -> JSON:
+    """One mark where a target vanished near its limit: ALERTS_FOR_STATE holds the Unix time (s) the
+    alert went pending, the first evaluation after the series stopped; Grafana wants milliseconds."""
+    return {"datasource": DS, "enable": True, "iconColor": "dark-red", "name": "probable fatal OOM", "step": "30s",
+            "expr": f'ALERTS_FOR_STATE{{alertname="{FATAL_OOM}", job=~"$job"}} * 1000',
+            "titleFormat": "probably died of an OOM",
+            "textFormat": "rank {{rank}} on {{instance}} ({{device}}) stopped right after a step peak near its limit",
+            "tagKeys": "rank,device", "useValueForTime": True}
 
 
 def build() -> dict[str, JSON]:
@@ -293,37 +177,7 @@ def build() -> dict[str, JSON]:
             "options": [{"selected": v == "10", "text": v, "value": v} for v in ("5", "10", "20")]}
     return {
         "memexporter-overview.json": dashboard("memexporter-overview", "Overview", _overview(),
-                                               annotations=[_alert_annotation()]),
+                                               annotations=[_alert_annotation(), _fatal_oom_annotation()]),
         "memexporter-modules.json": dashboard("memexporter-modules", "Modules", _modules(), [topk]),
         "memexporter-ranks.json": dashboard("memexporter-ranks", "Ranks", _ranks()),
     }
-
-
-def render(dash: JSON) -> str:
-    """The committed form: sorted keys, two-space indent, trailing newline."""
-    return json.dumps(dash, indent=2, sort_keys=True) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memexporter.dashboards",
-                                     description="Generate grafana/dashboards/*.json.")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the committed JSON differs")
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"output folder (default {OUT_DIR})")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, dash in sorted(build().items()):
-        path, text = args.out / name, render(dash)
-        if args.check:
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                stale.append(str(path))
-            continue
-        args.out.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    if stale:
-        print(f"stale dashboards (run python -m memexporter.dashboards): {', '.join(stale)}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
