@@ -1,16 +1,19 @@
 # Shortcuts; the scripts are the source of truth (a fresh machine may not have make).
-.PHONY: demo test lint bench rules dashboards kubernetes
+.PHONY: demo test lint bench rules scenarios dashboards gpu-check kubernetes
 demo:
 	scripts/demo.sh
 test:
 	scripts/test.sh
+gpu-check:
+	scripts/gpu-check.sh
 lint:
 	.venv/bin/python -m ruff check memexporter tests benchmarks && .venv/bin/python -m mypy
 bench:
-	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py
+	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py && .venv/bin/python benchmarks/alert_lead_times.py
 rules:
 	.venv/bin/python -m memexporter rules > alerts/memexporter.rules.yml
-	.venv/bin/python -m memexporter rules --preset demo > alerts/memexporter.demo.rules.yml
+scenarios:
+	.venv/bin/python -m tests.support.scenarios
 dashboards:
 	.venv/bin/python -m memexporter.dashboards
 kubernetes:

@@ -28,8 +28,17 @@ def start(
     auto_step: bool | None = None,
     module_depth: int | None = None,
     max_modules: int | None = None,
+    otel: bool | None = None,
+    http: bool | None = None,
+    debug: bool | None = None,
+    debug_allow: str | list[str] | None = None,
+    record_history: bool | None = None,
+    oom_dump_dir: str | None = None,
+    census_every: int | None = None,
+    census_budget: float | None = None,
     model: Any = None,
     optimizer: Any = None,
+    meter_provider: Any = None,
 ) -> Exporter:
     """Start serving this process's memory state on ``http://<addr>:<port + LOCAL_RANK>/metrics``.
 
@@ -40,19 +49,28 @@ def start(
 
     ``model=`` (and ``optimizer=``) also starts per-module tracking, as ``track(model, optimizer)``.
 
+    OpenTelemetry: ``otel=True`` pushes the same metrics over OTLP, configured by the standard
+    ``OTEL_*`` variables; ``meter_provider=`` publishes them on the application's
+    ``MeterProvider`` instead (memexporter never sets the global one). ``http=False`` opens no port.
+
+    ``debug=True`` adds ``/debug/memory`` and ``/debug/snapshot`` (see the README's "When the page
+    comes"); ``oom_dump_dir=`` writes a pre-mortem there before an OOM.
+
     Raises ``TypeError``/``ValueError`` naming a bad value, and ``ImportError`` saying what to do
     when torch is missing or older than ``memexporter.torchcheck.MIN_TORCH``. A port that is taken
     is logged and training goes on (``Exporter.port`` is ``None``), unless ``strict=True``, which
     raises ``OSError``.
     """
     require_torch()
-    settings = {
+    settings: dict[str, Any] = {
         "port": port, "addr": addr, "strict": strict, "certfile": certfile, "keyfile": keyfile,
         "memory_limit_bytes": memory_limit_bytes, "leak_window": leak_window,
         "warmup_steps": warmup_steps, "auto_step": auto_step, "module_depth": module_depth,
-        "max_modules": max_modules,
+        "max_modules": max_modules, "otel": otel, "http": http,
+        "debug": debug, "debug_allow": debug_allow, "record_history": record_history,
+        "oom_dump_dir": oom_dump_dir, "census_every": census_every, "census_budget": census_budget,
     }
-    return _exporter.start(model=model, optimizer=optimizer, **settings)
+    return _exporter.start(model=model, optimizer=optimizer, meter_provider=meter_provider, **settings)
 
 
 def stop() -> None:

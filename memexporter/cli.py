@@ -1,4 +1,4 @@
-"""The ``memexporter`` command: ``demo``, ``run``, ``rules`` and ``dashboards``.
+"""The ``memexporter`` command: ``demo``, ``run``, ``rules``, ``dashboards``, ``inspect`` and ``sweep``.
 
 ``memexporter run [options] script.py [args...]`` (or ``-m module``) runs a training script with
 the exporter started, like ``python -m cProfile``: no code change. Its options are generated
@@ -9,6 +9,7 @@ from the config knobs, so they are always the keywords of ``start()``. It works 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import runpy
@@ -16,14 +17,40 @@ import sys
 from collections.abc import Sequence
 
 from memexporter import __version__
-from memexporter.config import KNOBS
+from memexporter.config import FALSE, KNOBS, TRUE
 
 
 def _add_knob_options(p: argparse.ArgumentParser) -> None:
     for knob in KNOBS:
         flag = "--" + knob.name.replace("_", "-")
-        p.add_argument(flag, dest=knob.name, default=None, metavar=knob.name.upper(),
-                       help=f"{knob.doc} (env {knob.env}; default {knob.default!r})")
+        # argparse formats help with %: escape the docs' own.
+        if knob.boolean:  # --strict / --no-strict; unset: the environment, then the default
+            p.add_argument(flag, dest=knob.name, default=None, action=argparse.BooleanOptionalAction,
+                           help=f"{knob.doc} (env {knob.env}=1/0; default {str(knob.default).lower()})".replace("%", "%%"))
+        else:
+            values = f" Values: {knob.values}." if knob.values else ""
+            p.add_argument(flag, dest=knob.name, default=None, metavar=knob.name.upper(),
+                           help=f"{knob.doc}{values} (env {knob.env}; default {knob.default!r})".replace("%", "%%"))
+
+
+def _missing_target(target: str, module: bool) -> str | None:
+    """Why ``target`` cannot run, in one line, or None: checked before the exporter starts."""
+    if module:
+        try:
+            found = importlib.util.find_spec(target) is not None
+        except (ImportError, ValueError):  # a parent package is missing, or the name is empty
+            found = False
+        return None if found else f"memexporter run: no module named {target!r} (from {os.getcwd()})"
+    if os.path.isdir(target):
+        if os.path.isfile(os.path.join(target, "__main__.py")):
+            return None
+        return f"memexporter run: {target!r} is a directory without a __main__.py"
+    if not os.path.isfile(target):
+        hint = ""
+        if target.lower() in TRUE + FALSE:  # `--strict yes train.py`: the flags take no value
+            hint = " (boolean options take no value: --strict or --no-strict, --auto-step or --no-auto-step)"
+        return f"memexporter run: no such script: {target!r}{hint}"
+    return None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -34,12 +61,23 @@ def _run(args: argparse.Namespace) -> int:
     if not target:
         print("memexporter run: name a script (memexporter run train.py) or a module (-m pkg.train)", file=sys.stderr)
         return 2
-    memexporter.start(**settings)
     # The script sees itself as __main__ with its own argv and sys.path[0], as under
     # `python script.py` (the script's folder) or `python -m pkg.mod` (the working directory);
-    # from the console script, sys.path[0] would otherwise be the virtualenv's bin/.
-    sys.argv = [target, *args.args]
+    # from the console script, sys.path[0] would otherwise be the virtualenv's bin/. Set before
+    # the module is looked up, so that find_spec searches where `python -m` would.
     sys.path[0] = os.getcwd() if args.module else os.path.dirname(os.path.abspath(target))
+    if (problem := _missing_target(target, args.module)) is not None:
+        print(problem, file=sys.stderr)  # before anything starts: no server, no hooks
+        return 2
+    from memexporter import exporter
+
+    try:
+        exporter.start(port_hint="--port or MEMEXPORTER_PORT", **settings)
+    except (OSError, RuntimeError) as exc:  # strict: the server or the OTLP push could not start
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc  # no "[Errno 98]" prefix
+        print(f"memexporter run: {reason} (--strict: the script was not started)", file=sys.stderr)
+        return 1
+    sys.argv = [target, *args.args]
     try:
         if args.module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -59,23 +97,38 @@ def _configure_logging(level: str) -> None:
     """Configure memexporter's own logger only: the user's script owns the root logger, and its
     own ``logging.basicConfig()`` must still take effect under ``memexporter run``."""
     logger = logging.getLogger("memexporter")
+    for old in [h for h in logger.handlers if getattr(h, "_memexporter_cli", False)]:
+        logger.removeHandler(old)  # main() called again in one process (tests): one handler, not two
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler._memexporter_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False
 
 
+DEMO_HELP = "train a small GPT with the exporter on (the embedded default job)"
+
+
+def _demo(argv: list[str]) -> int:
+    from memexporter.demo import add_arguments
+    from memexporter.demo import run as run_demo
+
+    parser = argparse.ArgumentParser(prog="memexporter demo", description=DEMO_HELP[0].upper() + DEMO_HELP[1:] + ".")
+    add_arguments(parser)
+    return run_demo(parser.parse_args(argv))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memexporter", description="PyTorch training memory on a Prometheus /metrics endpoint.")
     parser.add_argument("--version", action="version", version=f"memexporter {__version__}")
-    parser.add_argument("--log-level", default="INFO", help="logging level for memexporter's own messages")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="level of memexporter's own messages (default: INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from memexporter.demo import add_arguments
-
-    demo = sub.add_parser("demo", help="train a small GPT with the exporter on (the embedded default job)")
-    add_arguments(demo)
+    # The demo's options are parsed by its own parser (_demo): building it imports torch, which
+    # every other command (a typo under `memexporter run`, say) should not wait for.
+    sub.add_parser("demo", help=DEMO_HELP, add_help=False)
 
     run = sub.add_parser("run", help="run a script or module with the exporter started (no code change)")
     run.add_argument("-m", dest="module", action="store_true", help="run TARGET as a module, like python -m")
@@ -83,10 +136,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("target", nargs="?", help="script path, or module name with -m")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
+    from memexporter.diagnose.inspect import add_parser as add_inspect
+
+    add_inspect(sub)
+
     rules = sub.add_parser("rules", help="print the Prometheus recording and alerting rules", add_help=False)
     rules.add_argument("rest", nargs=argparse.REMAINDER)
     dashboards = sub.add_parser("dashboards", help="write the Grafana dashboards (JSON, or ConfigMaps)", add_help=False)
     dashboards.add_argument("rest", nargs=argparse.REMAINDER)
+
+    from memexporter.sweep.command import add_parser as add_sweep
+
+    add_sweep(sub)
     return parser
 
 
@@ -98,24 +159,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return rules.main(argv[1:])
     if argv[:1] == ["dashboards"]:
-        from memexporter import grafana
+        from memexporter.dashboards.export import main as dashboards
 
-        return grafana.main(argv[1:])
+        return dashboards(argv[1:])
+    if argv[:1] == ["sweep"]:  # owns its parser too: the measured command follows `--`
+        from memexporter.sweep.command import main as sweep
+
+        return sweep(argv[1:])
     if argv[:1] in (["demo"], ["run"]):
         from memexporter.torchcheck import require_torch
 
-        try:  # before the parser imports the demo (and torch): a clear message, not a traceback
+        try:  # before the demo or the script imports torch: a clear message, not a traceback
             require_torch()
         except ImportError as exc:
             print(exc, file=sys.stderr)
             return 2
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)  # the rest: the demo's options, for its own parser
+    if rest and args.command != "demo":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     _configure_logging(args.log_level)
     try:
-        if args.command == "demo":
-            from memexporter.demo import run as run_demo
+        if args.command == "inspect":
+            from memexporter.diagnose.inspect import run as run_inspect
 
-            return run_demo(args)
+            return run_inspect(args)
+        if args.command == "demo":
+            return _demo(rest)
         return _run(args)
     except (TypeError, ValueError) as exc:
         if str(exc).startswith("memexporter"):

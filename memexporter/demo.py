@@ -18,18 +18,23 @@ import torch
 from torch import nn
 
 import memexporter
+from memexporter import exporter
+from memexporter.argtypes import integer, number, rank_mib
+from memexporter.diagnose.words import fmt_bytes as _fmt_bytes
+from memexporter.diagnose.words import fmt_eta as _fmt_eta
 from memexporter.exporter import Exporter
 from memexporter.scrape import Scrape
 from memexporter.trend import estimate
 
 MiB = 1 << 20
 SIMULATED_OOM_EXIT = 3
+HEADS = 4
 
 
 class TinyGPT(nn.Module):
     """Embedding, a few pre-norm transformer blocks and a head tied to the embedding."""
 
-    def __init__(self, vocab: int = 512, d_model: int = 128, layers: int = 4, heads: int = 4) -> None:
+    def __init__(self, vocab: int = 512, d_model: int = 128, layers: int = 4, heads: int = HEADS) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.blocks = nn.ModuleList(
@@ -41,6 +46,8 @@ class TinyGPT(nn.Module):
         self.head.weight = self.embed.weight  # tied, as in GPT-2: counted once
         # GPT-2's init: with nn.Embedding's N(0, 1) the tied head starts with logits ~10x too big.
         nn.init.normal_(self.embed.weight, std=0.02)
+        # --leak-mib-per-step keeps its tensors here, so /debug/memory names a real holder.
+        self.leak_store: list[torch.Tensor] = []
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], device=tokens.device)
@@ -51,49 +58,30 @@ class TinyGPT(nn.Module):
         return logits
 
 
-def _fmt_bytes(n: float) -> str:
-    if not math.isfinite(n):
-        return "inf"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def _fmt_eta(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "none"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
-
-
 def _status(exp: Exporter, device: str) -> tuple[float, float, str]:
     """``(used, limit, progress text)`` for the training device, read from the exporter's own state."""
     view = Scrape(exp.sources).views[device]
     snap = exp.sources.steps.snapshot() if exp.sources.steps is not None else None
     points = snap.devices.get(device) if snap is not None else None
+    limit = view.limit if view.limit is not None else math.inf  # unknown: nothing to count down to
     est = estimate(points, view.limit) if points is not None else None
     leak = f"{_fmt_bytes(est.leak_bytes_per_step)}/step" if est is not None else "-"
     eta = _fmt_eta(est.oom_eta_seconds) if est is not None else "none"
-    text = f"{device} used {_fmt_bytes(view.used)} / limit {_fmt_bytes(view.limit)} | leak {leak} | OOM ETA {eta}"
-    return view.used, view.limit, text
+    text = f"{device} used {_fmt_bytes(view.used)} / limit {_fmt_bytes(limit)} | leak {leak} | OOM ETA {eta}"
+    return view.used, limit, text
 
 
-def _parse_extra(spec: str | None, rank: int) -> int:
-    # "R:N" makes rank R hold N extra MiB, for the rank-imbalance alert.
-    if not spec:
-        return 0
-    try:
-        r, n = spec.split(":")
-        return int(n) * MiB if int(r) == rank else 0
-    except ValueError:
-        raise SystemExit(f"memexporter demo: --rank-extra-mib must look like RANK:MIB, got {spec!r}") from None
+def _extra_bytes(spec: tuple[int, int] | None, rank: int) -> int:
+    # (R, N) from "R:N" makes rank R hold N extra MiB, for the rank-imbalance alert.
+    return spec[1] * MiB if spec is not None and spec[0] == rank else 0
 
 
 def run(args: argparse.Namespace) -> int:
     """Train until ``--steps`` (0: until interrupted), printing a progress line every second."""
+    if args.d_model % HEADS:
+        print(f"memexporter demo: --d-model must be a multiple of {HEADS} (the attention heads), got {args.d_model}",
+              file=sys.stderr)
+        return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("memexporter demo: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
         return 2
@@ -105,19 +93,21 @@ def run(args: argparse.Namespace) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if world > 1:
         torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
-    model: nn.Module = TinyGPT(layers=args.layers, d_model=args.d_model).to(device)
+    gpt = TinyGPT(layers=args.layers, d_model=args.d_model).to(device)
+    model: nn.Module = gpt
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     limit = args.memory_limit_mib * MiB if args.memory_limit_mib else None
-    exp = memexporter.start(port=args.port, addr=args.addr, memory_limit_bytes=limit, warmup_steps=args.warmup_steps)
+    exp = exporter.start(port=args.port, addr=args.addr, memory_limit_bytes=limit, warmup_steps=args.warmup_steps,
+                         port_hint="--port or MEMEXPORTER_PORT")
     if not args.no_track:
         exp.tracked.append(memexporter.track(model, opt))
     mem_device = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
     print(f"memexporter demo: training a {sum(p.numel() for p in model.parameters()):,}-parameter GPT on {mem_device}; "
-          f"metrics at {exp.url or '(not serving: see the error above)'}", flush=True)
+          f"metrics at {exp.url or ('(push only: http=False)' if not exp.config.http else '(not serving: see the error above)')}", flush=True)
     kept: list[torch.Tensor] = []
-    if extra := _parse_extra(args.rank_extra_mib, rank):
+    if extra := _extra_bytes(args.rank_extra_mib, rank):
         kept.append(torch.ones(extra // 4, dtype=torch.float32, device=device))
     loss_fn = nn.CrossEntropyLoss()
     step, last_print = 0, 0.0
@@ -132,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             step += 1
             if args.leak_mib_per_step:
                 # ones(), not empty(): on the CPU untouched pages never become resident.
-                kept.append(torch.ones(int(args.leak_mib_per_step * MiB) // 4, dtype=torch.float32, device=device))
+                gpt.leak_store.append(torch.ones(int(args.leak_mib_per_step * MiB) // 4, dtype=torch.float32, device=device))
             if args.eval_every and step % args.eval_every == 0:
                 with torch.no_grad():
                     model(torch.randint(0, 512, (args.batch_size * 4, args.seq_len), device=device))
@@ -157,17 +147,20 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (default: auto)")
-    p.add_argument("--port", type=int, default=None, help="base port (default: MEMEXPORTER_PORT or 9400; rank r adds LOCAL_RANK)")
-    p.add_argument("--addr", default=None, help="bind address (default: MEMEXPORTER_ADDR or all interfaces)")
-    p.add_argument("--steps", type=int, default=0, help="steps to train; 0 trains until interrupted (default)")
-    p.add_argument("--step-interval", type=float, default=0.0, metavar="S", help="minimum seconds per step")
-    p.add_argument("--leak-mib-per-step", type=float, default=0.0, metavar="N", help="keep N MiB alive per step (a leak)")
-    p.add_argument("--memory-limit-mib", type=int, default=None, metavar="M", help="exporter budget; stop with a simulated OOM when used reaches it")
-    p.add_argument("--rank-extra-mib", default=None, metavar="R:N", help="rank R holds N extra MiB (rank imbalance)")
-    p.add_argument("--eval-every", type=int, default=0, metavar="K", help="an evaluation forward every K steps")
-    p.add_argument("--warmup-steps", type=int, default=None, help="steps the leak estimate ignores at start")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--port", type=integer(0, 65535), default=None,
+                   help="base port, 0-65535 (default: MEMEXPORTER_PORT or 9400; rank r adds LOCAL_RANK)")
+    p.add_argument("--addr", default=None, help="bind address, an IP (default: MEMEXPORTER_ADDR or all interfaces)")
+    p.add_argument("--steps", type=integer(0), default=0, help="steps to train; 0 trains until interrupted (default)")
+    p.add_argument("--step-interval", type=number(0), default=0.0, metavar="S", help="minimum seconds per step")
+    p.add_argument("--leak-mib-per-step", type=number(0), default=0.0, metavar="N", help="keep N MiB alive per step (a leak)")
+    p.add_argument("--memory-limit-mib", type=integer(1), default=None, metavar="M",
+                   help="exporter budget; stop with a simulated OOM when used reaches it")
+    p.add_argument("--rank-extra-mib", type=rank_mib, default=None, metavar="R:N", help="rank R holds N extra MiB (rank imbalance)")
+    p.add_argument("--eval-every", type=integer(0), default=0, metavar="K", help="an evaluation forward every K steps (0: none)")
+    p.add_argument("--warmup-steps", type=integer(0), default=None, help="steps the leak estimate ignores at start")
+    # The sizes a `memexporter sweep` varies: memory grows with each.
+    p.add_argument("--batch-size", "--batch", type=integer(1), default=8, help="sequences per step (default 8)")
+    p.add_argument("--seq-len", type=integer(1), default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--layers", type=integer(1), default=4, help="transformer blocks (default 4)")
+    p.add_argument("--d-model", type=integer(HEADS), default=128, help=f"model width, a multiple of the {HEADS} heads (default 128)")
     p.add_argument("--no-track", action="store_true", help="do not track per-module memory")

@@ -12,10 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memexporter import config, metrics
+from memexporter.otel import names as otel_names
 
 BLOCKS: dict[str, Callable[[], str]] = {
     "metrics": metrics.reference_table,
     "config": config.reference_table,
+    "otel": otel_names.reference_table,
 }
 
 

@@ -8,12 +8,12 @@ worker) it does nothing.
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import logging
 import os
 import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -21,8 +21,13 @@ from memexporter import __version__
 from memexporter.config import Config
 from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.scrape import Identity, Sources
-from memexporter.server import Server, serve
+from memexporter.server import Route, Server, serve
+from memexporter.serving.conn import ConnectionStats
 from memexporter.tracking import steps
+
+if TYPE_CHECKING:
+    from memexporter.diagnose.wiring import Diagnostics
+    from memexporter.otel import OtelHandle
 
 log = logging.getLogger("memexporter")
 
@@ -49,6 +54,8 @@ class Exporter:
         self.config, self.sources, self.registry, self._server = config, sources, registry, server
         self.pid = os.getpid()
         self.tracked: list[Any] = []  # handles from start(model=...), removed on stop()
+        self.otel: OtelHandle | None = None  # the OpenTelemetry side (memexporter/otel/), shut down on stop()
+        self.diagnostics: Diagnostics | None = None  # debug / oom_dump_dir (memexporter/diagnose)
 
     @property
     def port(self) -> int | None:
@@ -56,11 +63,8 @@ class Exporter:
 
     @property
     def url(self) -> str | None:
-        """The metrics URL, with a host a browser can open."""
-        if self._server is None:
-            return None
-        host = "localhost" if self._server.addr in ("0.0.0.0", "::", "") else self._server.addr
-        return f"http://{host}:{self._server.port}/metrics"
+        """The metrics URL, with a host a browser can open (``https`` with TLS, IPv6 in brackets)."""
+        return self._server.url if self._server is not None else None
 
     def stop(self) -> None:
         """Stop serving, free the port, and remove every hook this exporter installed."""
@@ -68,9 +72,14 @@ class Exporter:
         if os.getpid() != self.pid:
             return
         with _lock:
+            if self.otel is not None:  # a last push first, while every collector still answers
+                self.otel.shutdown()
+                self.otel = None
             for handle in self.tracked:
                 handle.remove()
             self.tracked.clear()
+            if self.diagnostics is not None:
+                self.diagnostics.close()
             if self._server is not None:
                 self._server.stop()
                 self._server = None
@@ -113,10 +122,15 @@ def _port_for_rank(config: Config, ident: Identity) -> int:
     return config.port + local_rank
 
 
-def start(model: Any = None, optimizer: Any = None, **settings: Any) -> Exporter:
-    """See ``memexporter.start``."""
+def start(model: Any = None, optimizer: Any = None, meter_provider: Any = None, *,
+          port_hint: str = "start(port=...) or MEMEXPORTER_PORT", **settings: Any) -> Exporter:
+    """See ``memexporter.start``. ``port_hint`` says how the caller's user sets the port (the
+    commands say ``--port``, the bootstrap only has the variable), for the message when the port
+    cannot be bound."""
     global _running
     config = Config.resolve(settings)  # bad values raise before anything starts
+    if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
+        raise TypeError(f"memexporter: meter_provider must be an OpenTelemetry MeterProvider, got {meter_provider!r}")
     if _running is not None and _running.pid != os.getpid():
         # A forked child inherited the parent's exporter: it must not serve or hook anything.
         return Exporter(config, _running.sources, _running.registry, None)
@@ -124,8 +138,10 @@ def start(model: Any = None, optimizer: Any = None, **settings: Any) -> Exporter
         if _running is not None:
             log.warning("memexporter: already running at %s; start() returns the running exporter", _running.url)
             exporter = _running
+            if meter_provider is not None and exporter.otel is None:
+                _attach_otel(exporter, meter_provider)  # asked for explicitly: honoured, as model= is
         else:
-            exporter = _start_locked(config)
+            exporter = _start_locked(config, meter_provider, port_hint)
             _running = exporter
         if model is not None:
             # Also on an exporter that already runs (MEMEXPORTER_AUTOSTART, `memexporter run`):
@@ -136,38 +152,74 @@ def start(model: Any = None, optimizer: Any = None, **settings: Any) -> Exporter
     return exporter
 
 
-def _start_locked(config: Config) -> Exporter:
+def _start_locked(config: Config, meter_provider: Any = None, port_hint: str = "start(port=...) or MEMEXPORTER_PORT") -> Exporter:
     from memexporter.backends.host import HostBackend
     from memexporter.backends.nvml import NvmlBackend
     from memexporter.backends.torch import TorchBackend
+    from memexporter.diagnose.wiring import attach as attach_diagnostics
 
     ident = identity()
     port = _port_for_rank(config, ident)
     cuda, host = TorchBackend(), HostBackend()
     tracker = steps.StepTracker(cuda, host, window=config.leak_window, warmup_steps=config.warmup_steps)
-    sources = Sources(ident, config, cuda, NvmlBackend(), host, tracker, __version__)
+    http_stats = ConnectionStats()
+    sources = Sources(ident, config, cuda, NvmlBackend(), host, tracker, __version__, http_stats)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MemexporterCollector(catalogue(), sources))
-    server = _bind(registry, config, port)
+    diagnostics = attach_diagnostics(config, sources, cuda)
+    routes = diagnostics.routes if diagnostics is not None else None
+    try:
+        server = _bind(registry, config, port, http_stats, port_hint, routes) if config.http else None
+    except Exception:  # a bad addr or TLS file (ValueError), or strict: nothing may stay attached
+        if diagnostics is not None:
+            diagnostics.close()
+        raise
     exporter = Exporter(config, sources, registry, server)
+    exporter.diagnostics = diagnostics
+    try:
+        _attach_otel(exporter, meter_provider)
+    except Exception:  # strict=True and OTLP push cannot be set up: free the port before raising
+        exporter.stop()
+        raise
     steps.activate(tracker, auto_step=config.auto_step)
     if server is not None:
         log.info("memexporter: serving %s (rank %s)", exporter.url, ident.rank)
+    elif not config.http and exporter.otel is None:
+        log.warning("memexporter: http=False and no OpenTelemetry push: nothing publishes the metrics "
+                    "(set MEMEXPORTER_OTEL=1 or pass meter_provider=)")
     return exporter
 
 
-def _bind(registry: CollectorRegistry, config: Config, port: int) -> Server | None:
+def _attach_otel(exporter: Exporter, meter_provider: Any) -> None:
+    """The OpenTelemetry side, when asked for (the logic is in memexporter/otel/)."""
+    if meter_provider is None and not exporter.config.otel:
+        return
+    from memexporter.otel import attach
+
+    exporter.otel = attach(exporter.registry, exporter.sources.identity, push=exporter.config.otel,
+                           meter_provider=meter_provider, strict=exporter.config.strict)
+
+
+def _bind(registry: CollectorRegistry, config: Config, port: int, stats: ConnectionStats, port_hint: str,
+          routes: dict[str, Route] | None = None) -> Server | None:
+    """Serve, or log why not and go on (``strict``: raise). A bad address or bad TLS files
+    raise ``ValueError`` either way: they are bad arguments, not a busy machine."""
     try:
-        return serve(registry, port, config.addr, config.certfile, config.keyfile)
+        return serve(registry, port, config.addr, config.certfile, config.keyfile, routes=routes, stats=stats)
     except OSError as exc:
+        where = f"{config.addr}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            cause = (f"port {port} is already in use. Pick another base port with {port_hint} "
+                     "(each rank binds port + LOCAL_RANK); note that NVIDIA dcgm-exporter also defaults to 9400")
+        elif exc.errno == errno.EACCES:
+            cause = (f"no permission to bind port {port} (ports below 1024 need privileges). "
+                     f"Use a port above 1023 with {port_hint}")
+        else:
+            cause = f"{exc.strerror or exc}"
         if config.strict:
-            raise
-        log.error(
-            "memexporter: cannot serve metrics on %s:%d (%s). Training continues without the "
-            "/metrics endpoint. Pick another base port with start(port=...) or MEMEXPORTER_PORT "
-            "(each rank binds port + LOCAL_RANK); note that NVIDIA dcgm-exporter also defaults to 9400.",
-            config.addr, port, exc,
-        )
+            raise OSError(exc.errno, f"memexporter: cannot serve metrics on {where}: {cause}") from exc
+        log.error("memexporter: cannot serve metrics on %s: %s. Training continues without the /metrics endpoint.",
+                  where, cause)
         return None
 
 
@@ -187,8 +239,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()
     r = _running
     if r is not None and r._server is not None:
-        with contextlib.suppress(OSError):
-            r._server.httpd.socket.close()
+        r._server.close_in_child()
     steps.activate(None, auto_step=False)
 
 

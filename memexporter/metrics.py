@@ -13,11 +13,36 @@ from typing import Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from memexporter.serving.conn import REASONS
+
 MetricType = Literal["gauge", "counter"]
 
 RANK = ("rank",)
 DEVICE = ("rank", "device")
 MODULE = ("rank", "module")
+
+# The UCUM unit of each Prometheus base unit, as OpenTelemetry spells it. otlptranslator's unit
+# suffixes map them back (By -> bytes, s -> seconds, By/s -> bytes_per_second; a `{...}`
+# annotation adds nothing; "1" on a gauge adds `_ratio`). "" stays "": a dimensionless value that
+# is not a ratio (an `_info` row, a success flag) must not gain `_ratio` on the way.
+UCUM: Mapping[str, str] = {
+    "bytes": "By", "seconds": "s", "bytes_per_second": "By/s", "bytes_per_step": "By/{step}", "ratio": "1", "": "",
+}
+
+
+@dataclass(frozen=True)
+class SemConv:
+    """An OpenTelemetry semantic-convention instrument that reports the same value as a row.
+
+    Emitted beside the row's own instrument (whose name translates back to the Prometheus name).
+    ``attributes`` says how its attributes are built: ``"hw.gpu"``: ``hw.id`` (the NVML UUID),
+    ``hw.type="gpu"`` and ``hw.name``, joined from ``memexporter_device_info`` by device;
+    ``"process"``: none (the process is the resource). Its unit is the row's OTel unit.
+    """
+
+    name: str
+    attributes: Literal["hw.gpu", "process"]
+    instrument: Literal["updowncounter"] = "updowncounter"
 
 
 @dataclass(frozen=True)
@@ -26,7 +51,10 @@ class MetricSpec:
 
     ``name`` is the full exposition name (counters include ``_total``); ``unit`` is the base unit
     (``bytes``, ``seconds``, ``ratio``...) or ``""``; ``help`` says where the value comes from.
-    ``cuda_only`` marks series that exist only when a CUDA device is in use.
+    ``cuda_only`` marks series that exist only when a CUDA device is in use. ``otel_name`` and
+    ``otel_unit`` (UCUM) name the OpenTelemetry instrument (an observable counter for a counter, an
+    observable gauge otherwise) so that otlptranslator's names give back ``name``; ``semconv`` adds
+    a semantic-convention instrument with the same value.
     """
 
     name: str
@@ -37,6 +65,8 @@ class MetricSpec:
     collector: str
     otel_name: str
     cuda_only: bool = False
+    otel_unit: str = ""
+    semconv: SemConv | None = None
 
     def family(self) -> GaugeMetricFamily | CounterMetricFamily:
         """A fresh, empty Prometheus family for this spec (built anew on every scrape)."""
@@ -47,12 +77,15 @@ class MetricSpec:
         return GaugeMetricFamily(self.name, self.help, labels=self.labels, unit=self.unit)
 
 
-def _g(name: str, unit: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False) -> MetricSpec:
-    return MetricSpec(f"memexporter_{name}", "gauge", unit, help, labels, collector, otel, cuda)
+def _g(name: str, unit: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False,
+       semconv: SemConv | None = None) -> MetricSpec:
+    return MetricSpec(f"memexporter_{name}", "gauge", unit, help, labels, collector, otel, cuda, UCUM[unit], semconv)
 
 
-def _c(name: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False) -> MetricSpec:
-    return MetricSpec(f"memexporter_{name}_total", "counter", "", help, labels, collector, otel, cuda)
+def _c(name: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False,
+       counts: str = "") -> MetricSpec:
+    """A counter; ``counts`` is the UCUM annotation of what it counts (``{step}``), dropped by the translation."""
+    return MetricSpec(f"memexporter_{name}_total", "counter", "", help, labels, collector, otel, cuda, counts)
 
 
 _MS = "torch.cuda.memory_stats()"
@@ -64,9 +97,9 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("memory_peak_bytes", "bytes", "Highest used within the last completed step: the lifetime high-water mark when it rose during the step (exact); otherwise the step's start plus the excursion of the last exactly measured step, capped by the high-water mark and never below a sample taken in the step (an estimate). Peak stats are never reset.", DEVICE, "trend", "memexporter.memory.peak"),
     _g("memory_baseline_bytes", "bytes", "used at the last step boundary (after the optimizer step): the footprint that persists between steps.", DEVICE, "trend", "memexporter.memory.baseline"),
     _g("leak_rate_bytes_per_second", "bytes_per_second", "Robust (Theil-Sen) slope of the baseline against wall time over the leak window; 0 until enough steps or when within noise.", DEVICE, "trend", "memexporter.leak.rate"),
-    _g("leak_bytes_per_step", "bytes_per_step", "Robust (Theil-Sen) slope of the baseline against step count over the leak window; 0 until enough steps or when within noise.", DEVICE, "trend", "memexporter.leak.per_step"),
+    _g("leak_bytes_per_step", "bytes_per_step", "Robust (Theil-Sen) slope of the baseline against step count over the leak window; 0 until enough steps or when within noise.", DEVICE, "trend", "memexporter.leak.bytes_per_step"),
     _g("oom_eta_seconds", "seconds", "Seconds until the step peak reaches memory_limit_bytes at the current leak rate; +Inf when not growing.", DEVICE, "trend", "memexporter.oom.eta"),
-    _c("steps", "Training steps seen (optimizer steps, or memexporter.step() calls).", RANK, "trend", "memexporter.steps"),
+    _c("steps", "Training steps seen (optimizer steps, or memexporter.step() calls).", RANK, "trend", "memexporter.steps", counts="{step}"),
     # --- CUDA caching allocator (collectors/allocator.py), read at scrape time.
     _g("allocator_allocated_bytes", "bytes", f"Bytes held by live tensors: {_MS}['allocated_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.allocated", True),
     _g("allocator_reserved_bytes", "bytes", f"Bytes reserved from the driver by the caching allocator: {_MS}['reserved_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.reserved", True),
@@ -75,18 +108,19 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("allocator_requested_bytes", "bytes", f"Bytes requested by callers before rounding: {_MS}['requested_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.requested", True),
     _g("allocator_peak_allocated_bytes", "bytes", f"Lifetime peak of allocated bytes as torch reports it: {_MS}['allocated_bytes.all.peak'].", DEVICE, "allocator", "memexporter.allocator.peak_allocated", True),
     _g("allocator_peak_reserved_bytes", "bytes", f"Lifetime peak of reserved bytes as torch reports it: {_MS}['reserved_bytes.all.peak'].", DEVICE, "allocator", "memexporter.allocator.peak_reserved", True),
-    _c("allocator_alloc_retries", f"cudaMalloc calls retried after flushing the cache: {_MS}['num_alloc_retries'].", DEVICE, "allocator", "memexporter.allocator.alloc_retries", True),
-    _c("allocator_ooms", f"Out-of-memory errors raised by the allocator: {_MS}['num_ooms'].", DEVICE, "allocator", "memexporter.allocator.ooms", True),
-    _c("allocator_device_allocations", f"cudaMalloc calls: {_MS}['num_device_alloc'].", DEVICE, "allocator", "memexporter.allocator.device_allocations", True),
-    _c("allocator_device_frees", f"cudaFree calls: {_MS}['num_device_free'].", DEVICE, "allocator", "memexporter.allocator.device_frees", True),
+    _c("allocator_alloc_retries", f"cudaMalloc calls retried after flushing the cache: {_MS}['num_alloc_retries'].", DEVICE, "allocator", "memexporter.allocator.alloc_retries", True, counts="{retry}"),
+    _c("allocator_ooms", f"Out-of-memory errors raised by the allocator: {_MS}['num_ooms'].", DEVICE, "allocator", "memexporter.allocator.ooms", True, counts="{oom}"),
+    _c("allocator_device_allocations", f"cudaMalloc calls: {_MS}['num_device_alloc'].", DEVICE, "allocator", "memexporter.allocator.device_allocations", True, counts="{call}"),
+    _c("allocator_device_frees", f"cudaFree calls: {_MS}['num_device_free'].", DEVICE, "allocator", "memexporter.allocator.device_frees", True, counts="{call}"),
     _g("allocator_fragmentation_ratio", "ratio", "inactive_split_bytes / reserved_bytes from memory_stats(); 0 when nothing is reserved.", DEVICE, "allocator", "memexporter.allocator.fragmentation", True),
+    _g("allocator_info", "", "Allocator backend (value 1): torch.cuda.get_allocator_backend(), native, cudaMallocAsync or pluggable. Under cudaMallocAsync only allocated, active and reserved bytes (and their peaks) are exported; a pluggable allocator reports no statistics.", ("rank", "device", "backend"), "allocator", "memexporter.allocator.info", True),
     # --- Device, from NVML (collectors/device.py).
-    _g("device_total_bytes", "bytes", "Total device memory: NVML nvmlDeviceGetMemoryInfo().total.", DEVICE, "device", "hw.gpu.memory.limit", True),
-    _g("device_used_bytes", "bytes", "Device memory used by all processes: NVML nvmlDeviceGetMemoryInfo().used.", DEVICE, "device", "hw.gpu.memory.usage", True),
+    _g("device_total_bytes", "bytes", "Total device memory: NVML nvmlDeviceGetMemoryInfo().total.", DEVICE, "device", "memexporter.device.total", True, SemConv("hw.gpu.memory.limit", "hw.gpu")),
+    _g("device_used_bytes", "bytes", "Device memory used by all processes: NVML nvmlDeviceGetMemoryInfo().used.", DEVICE, "device", "memexporter.device.used", True, SemConv("hw.gpu.memory.usage", "hw.gpu")),
     _g("device_free_bytes", "bytes", "Free device memory: NVML nvmlDeviceGetMemoryInfo().free.", DEVICE, "device", "memexporter.device.free", True),
-    _g("device_info", "", "Device identity (value 1): NVML UUID and name, matched to the CUDA ordinal by UUID.", ("rank", "device", "uuid", "name"), "device", "memexporter.device.info", True),
+    _g("device_info", "", "Device identity (value 1), matched to the CUDA ordinal by UUID: uuid as NVML spells it (GPU-... or MIG-...), name (model), pci_bus_id (nvmlDeviceGetPciInfo().busId), gpu_uuid and gpu_instance_id (the physical GPU and MIG GPU instance, as dcgm-exporter's UUID and GPU_I_ID labels; gpu_instance_id empty on a whole GPU).", ("rank", "device", "uuid", "name", "pci_bus_id", "gpu_uuid", "gpu_instance_id"), "device", "memexporter.device.info", True),
     # --- Host, from psutil and cgroup files (collectors/host.py).
-    _g("host_rss_bytes", "bytes", "Resident set size of this process: psutil memory_info().rss.", RANK, "host", "process.memory.usage"),
+    _g("host_rss_bytes", "bytes", "Resident set size of this process: psutil memory_info().rss.", RANK, "host", "memexporter.host.rss", semconv=SemConv("process.memory.usage", "process")),
     _g("host_children_rss_bytes", "bytes", "Summed RSS of all descendant processes (DataLoader workers), from /proc/PID/task/*/children and /proc/PID/statm (psutil as the fallback).", RANK, "host", "memexporter.host.children_rss"),
     _g("host_available_bytes", "bytes", "Memory available to this process: min(psutil virtual_memory().available, cgroup limit - cgroup usage).", RANK, "host", "memexporter.host.available"),
     _g("host_limit_bytes", "bytes", "Memory limit for this process: min(physical RAM, cgroup memory.max / memory.limit_in_bytes).", RANK, "host", "memexporter.host.limit"),
@@ -99,7 +133,8 @@ SPECS: tuple[MetricSpec, ...] = (
     # --- The exporter itself (collectors/exporter.py and the guard in registry.py).
     _g("build_info", "", "Build information (value 1): memexporter, torch and CUDA versions.", ("rank", "version", "torch_version", "cuda_version"), "exporter", "memexporter.build.info"),
     _g("process_info", "", "Process identity (value 1): local rank, world size and hostname.", ("rank", "local_rank", "world_size", "hostname"), "exporter", "memexporter.process.info"),
-    _c("hook_errors", "Errors caught in memexporter's training-thread hooks (never raised into training).", RANK, "exporter", "memexporter.hook.errors"),
+    _c("hook_errors", "Errors caught in memexporter's training-thread hooks (never raised into training).", RANK, "exporter", "memexporter.hook.errors", counts="{error}"),
+    _c("http_dropped_connections", "HTTP connections closed without a full answer, by reason: " + "; ".join(f"{k} ({v})" for k, v in REASONS.items()) + ".", ("rank", "reason"), "exporter", "memexporter.http.dropped_connections", counts="{connection}"),
     _g("collector_success", "", "1 if the collector's last run succeeded, 0 if it raised.", ("rank", "collector"), "guard", "memexporter.collector.success"),
     _g("collector_duration_seconds", "seconds", "Time the collector's last run took.", ("rank", "collector"), "guard", "memexporter.collector.duration"),
 )

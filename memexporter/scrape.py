@@ -11,37 +11,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from memexporter.backends.base import CudaSource, HostSource, NvmlSource, cuda_label
 from memexporter.backends.host import HostSample
 from memexporter.backends.nvml import NvmlMemory
 from memexporter.config import Config
+from memexporter.tracking.steps import StepTracker
 
-if TYPE_CHECKING:
-    from memexporter.tracking.steps import StepTracker
-
-
-class CudaSource(Protocol):
-    """What collectors need from ``backends.torch.TorchBackend`` (fakes implement the same)."""
-
-    def cuda_devices(self) -> list[int]: ...
-    def device_stats(self) -> dict[int, Mapping[str, int]]: ...
-    def allocated(self, index: int) -> tuple[int, int]: ...
-    def uuid(self, index: int) -> str | None: ...
-    def total_memory(self, index: int) -> int: ...
-    def memory_fraction(self, index: int) -> float: ...
-    def mem_get_info(self, index: int) -> tuple[int, int] | None: ...
-    def versions(self) -> tuple[str, str]: ...
+__all__ = ["CudaSource", "HostSource", "HttpSource", "Identity", "MemoryView", "NvmlSource", "Scrape", "Sources",
+           "cuda_label"]
 
 
-class NvmlSource(Protocol):
-    def memory(self, uuid: str) -> NvmlMemory | None: ...
+class HttpSource(Protocol):
+    """What the exporter collector needs from ``serving.conn.ConnectionStats``."""
 
-
-class HostSource(Protocol):
-    def rss(self) -> int: ...
-    def peak_rss(self) -> int: ...
-    def sample(self) -> HostSample: ...
+    def dropped(self) -> dict[str, int]: ...
 
 
 @dataclass(frozen=True)
@@ -65,6 +50,7 @@ class Sources:
     host: HostSource
     steps: StepTracker | None = None
     version: str = field(default="")
+    http: HttpSource | None = None  # the HTTP server's dropped-connection counts
 
     @property
     def rank(self) -> str:
@@ -73,14 +59,13 @@ class Sources:
 
 @dataclass(frozen=True)
 class MemoryView:
-    """The OOM view of one device: bytes in use and the most they can reach before an OOM."""
+    """The OOM view of one device: bytes in use and the most they can reach before an OOM.
+
+    ``limit`` is ``None`` when it cannot be known (no free figure from NVML or CUDA, no cap).
+    """
 
     used: float
-    limit: float
-
-
-def cuda_label(index: int) -> str:
-    return f"cuda:{index}"
+    limit: float | None
 
 
 class Scrape:
@@ -91,12 +76,20 @@ class Scrape:
 
     @cached_property
     def cuda_stats(self) -> dict[int, Mapping[str, int]]:
-        """``memory_stats()`` of each CUDA device in use, read once for the whole scrape."""
+        """``memory_stats()`` of each CUDA device in use, read once for the whole scrape.
+
+        ``{}`` for a device whose allocator cannot report (see ``TorchBackend.device_stats``).
+        """
         return self.sources.cuda.device_stats()
 
     @property
     def cuda_devices(self) -> list[int]:
         return list(self.cuda_stats)
+
+    @cached_property
+    def allocator_backend(self) -> str:
+        """``torch.cuda.get_allocator_backend()`` (``native``, ``cudaMallocAsync``, ``pluggable``)."""
+        return self.sources.cuda.allocator_backend()
 
     @cached_property
     def nvml(self) -> dict[int, NvmlMemory | None]:
@@ -112,33 +105,54 @@ class Scrape:
 
     @cached_property
     def views(self) -> dict[str, MemoryView]:
-        """``{device label: MemoryView}`` for ``cpu`` and each CUDA device in use (DESIGN.md §4)."""
+        """``{device label: MemoryView}`` for ``cpu`` and each CUDA device in use (DESIGN.md §4).
+
+        A failing source costs only its own devices' views: the host collector and the allocator
+        collector report their failures on their own success gauges.
+        """
         views: dict[str, MemoryView] = {}
         try:
             host = self.host
             views["cpu"] = MemoryView(used=host.rss, limit=host.rss + host.available)
-        except Exception:  # reported by the host collector's own success gauge; CUDA views still count
+        except Exception:
             pass
-        for i, stats in self.cuda_stats.items():
-            reserved = stats.get("reserved_bytes.all.current", 0)
-            nv = self.nvml.get(i)
-            if nv is not None:
-                free, total = nv.free, nv.total
-            else:
-                info = self.sources.cuda.mem_get_info(i)
-                free, total = info if info is not None else (0, self.sources.cuda.total_memory(i))
-            limit = reserved + free
-            fraction = self.sources.cuda.memory_fraction(i)
-            if fraction < 1.0 and total > 0:
-                # The allocator refuses to reserve beyond fraction * total, whatever the device has free.
-                limit = min(limit, int(fraction * total))
-            views[cuda_label(i)] = MemoryView(used=stats.get("allocated_bytes.all.current", 0), limit=limit)
+        try:
+            cuda_stats = self.cuda_stats
+        except Exception:
+            cuda_stats = {}
+        for i, stats in cuda_stats.items():
+            used = stats.get("allocated_bytes.all.current")
+            if used is None:  # the allocator cannot say (a pluggable allocator): no cuda view
+                continue
+            views[cuda_label(i)] = MemoryView(used=float(used), limit=self._cuda_limit(i, stats))
         budget = self.sources.config.memory_limit_bytes
         if budget is not None:
-            # The soft budget applies to the devices the job trains on: CUDA when it is in use.
-            # It can only tighten the limit: a budget above what the device has must not hide
-            # the real OOM.
-            targets = [d for d in views if d != "cpu"] or [d for d in views if d == "cpu"]
-            for d in targets:
-                views[d] = MemoryView(used=views[d].used, limit=min(views[d].limit, float(budget)))
+            # The soft budget applies to the devices the job trains on: CUDA when it is in use
+            # (even where its view is unknown, under a pluggable allocator), else cpu. It can only
+            # tighten the limit: a budget above what the device has must not hide the real OOM.
+            targets = [cuda_label(i) for i in cuda_stats] or ["cpu"]
+            for d in (d for d in targets if d in views):
+                limit = views[d].limit
+                views[d] = MemoryView(views[d].used, float(budget) if limit is None else min(limit, float(budget)))
         return views
+
+    def _cuda_limit(self, index: int, stats: Mapping[str, int]) -> float | None:
+        """Reserved + device free (NVML, else ``cudaMemGetInfo``), capped by the memory fraction.
+
+        The allocator refuses to reserve beyond ``fraction * get_device_properties().total_memory``
+        (the CUDA total, smaller than NVML's), whatever the device has free. ``None`` when neither
+        a free figure nor a cap is known.
+        """
+        cuda = self.sources.cuda
+        nv = self.nvml.get(index)
+        free: int | None = nv.free if nv is not None else None
+        if free is None:
+            info = cuda.mem_get_info(index)
+            free = info[0] if info is not None else None
+        limit = float(stats.get("reserved_bytes.all.current", 0) + free) if free is not None else None
+        fraction = cuda.memory_fraction(index)
+        total = cuda.total_memory(index) if fraction < 1.0 else None
+        if total:
+            cap = float(int(fraction * total))
+            limit = cap if limit is None else min(limit, cap)
+        return limit

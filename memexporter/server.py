@@ -1,35 +1,34 @@
-"""The HTTP endpoint, on prometheus_client's WSGI machinery (no hand-written HTTP parsing).
+"""The HTTP endpoint: prometheus_client's WSGI app behind a router, on a hardened server.
 
-prometheus_client's ``ThreadingWSGIServer`` (one thread per request) and ``make_wsgi_app`` (text,
-or OpenMetrics when the scraper's ``Accept`` asks for it) behind a small router: ``/metrics``,
-``/`` (a landing page), ``/healthz``; anything else is a 404. Malformed requests get a 400 and
-the server keeps serving.
+prometheus_client's ``make_wsgi_app`` (text, or OpenMetrics when the scraper's ``Accept`` asks
+for it) behind a small router: ``/metrics``, ``/`` (a landing page), ``/healthz`` and any extra
+``Route``; anything else is a 404. The server under it is ``memexporter.serving``: a bounded
+number of connections, one deadline per connection, TLS handshakes that cannot block the
+acceptor, nothing on the job's stderr, and a ``stop()`` that closes every connection at once.
 
-Why not ``start_wsgi_server`` itself: it wraps the *listening* socket in TLS, so the handshake
-runs inside ``accept()`` on the one serving thread with no timeout, and one idle TCP connection
-(a port scanner, a load balancer's pre-connect) blocks every scrape and makes ``stop()`` hang.
-Here the handshake runs per connection, in that connection's thread, with a timeout.
+Why not prometheus_client's ``start_wsgi_server``: one thread per connection with no cap, an idle
+timeout that restarts on every byte (a trickling client holds a thread forever), a traceback on
+stderr per reset connection, ``socket.getfqdn()`` (DNS) in ``bind``, a listen backlog of 5, and
+TLS on the listening socket, so one silent client blocks every handshake.
 """
 
 from __future__ import annotations
 
+import errno
 import html
 import socket
 import ssl
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 
-# Seconds a connection may take for its TLS handshake or sit idle before it is dropped, so idle
-# clients cannot pin request threads forever.
-CONNECTION_TIMEOUT = 10.0
+from memexporter.serving.conn import ConnectionStats
+from memexporter.serving.handler import WSGIApp, answerer
+from memexporter.serving.listener import BACKLOG, DEADLINE, Listener
 
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+__all__ = ["Route", "Server", "WSGIApp", "router", "serve", "tls_context", "url"]
 
 
 @dataclass(frozen=True)
@@ -87,79 +86,103 @@ def router(metrics_app: WSGIApp, title: str, routes: Mapping[str, Route] | None 
     return app
 
 
-def _strict_handler(base: type[WSGIRequestHandler]) -> type[WSGIRequestHandler]:
-    """A request handler that answers every unparseable request with a real ``400``.
-
-    The stdlib treats a two-word request line as HTTP/0.9 and replies with a bare HTML body (no
-    status line), and an unknown HTTP version with ``505``. A scraper or a port scanner should
-    see a 4xx on the wire, and the server must keep serving either way.
-    """
-
-    class StrictHandler(base):  # type: ignore[valid-type,misc]
-        default_request_version = "HTTP/1.0"
-        timeout = CONNECTION_TIMEOUT
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # an access log line per scrape would flood the training job's stderr
-
-        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-            if self.command is None:  # still parsing the request line: the client's fault
-                code = 400
-            super().send_error(code, message, explain)
-
-    return StrictHandler
-
-
 @dataclass
 class Server:
     """A running HTTP server. ``port`` is the bound port (useful with port 0)."""
 
-    httpd: WSGIServer
-    thread: threading.Thread
+    listener: Listener
     addr: str
     port: int
+    tls: bool
+
+    @property
+    def stats(self) -> ConnectionStats:
+        return self.listener.stats
+
+    @property
+    def url(self) -> str:
+        return url(self.addr, self.port, self.tls)
 
     def stop(self) -> None:
-        """Stop serving and free the port."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
+        """Stop serving, close every connection accepted so far, and free the port."""
+        self.listener.close()
+
+    def close_in_child(self) -> None:
+        """In a forked child: close the inherited sockets, so the port and the clients are the parent's alone."""
+        self.listener.close_in_child()
 
 
-def _tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+def url(addr: str, port: int, tls: bool, path: str = "/metrics") -> str:
+    """A URL a browser or ``curl`` can open: ``https`` with TLS, IPv6 in brackets (RFC 3986) with
+    a zone as ``%25``, and ``localhost`` for the all-interfaces addresses."""
+    host = "localhost" if addr in ("0.0.0.0", "::", "") else addr
+    if ":" in host:
+        host = "[" + host.replace("%", "%25") + "]"
+    return f"{'https' if tls else 'http'}://{host}:{port}{path}"
+
+
+def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    """A server context from PEM files. ``ValueError`` names the setting and the file when a
+    file holds no certificate, the key is not a PEM key, does not match, or is encrypted (OpenSSL
+    would otherwise ask for a passphrase on the terminal and block ``start()``)."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=certfile)
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(f"memexporter: certfile {certfile!r} holds no readable PEM certificate ({exc})") from None
+
+    def no_passphrase() -> str:
+        raise ValueError(f"memexporter: keyfile {keyfile!r} is encrypted; give an unencrypted PEM key")
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2  # Prometheus' own floor
-    context.load_cert_chain(certfile, keyfile)
+    try:
+        context.load_cert_chain(certfile, keyfile, password=no_passphrase)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise ValueError(f"memexporter: keyfile {keyfile!r} does not match certfile {certfile!r}") from None
+        raise ValueError(f"memexporter: keyfile {keyfile!r} holds no readable PEM private key ({exc})") from None
+    except OSError as exc:
+        raise ValueError(f"memexporter: keyfile {keyfile!r} cannot be read ({exc})") from None
     return context
 
 
-def _server_class(addr: str, port: int, context: ssl.SSLContext | None) -> type[ThreadingWSGIServer]:
-    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+def _listening_socket(addr: str, port: int) -> socket.socket:
+    """Bound and listening, with no name resolution: ``addr`` must be an IP literal.
 
-    class Server(ThreadingWSGIServer):
-        address_family = family
-
-        def finish_request(self, request: Any, client_address: Any) -> None:
-            # Runs in the connection's own thread (ThreadingMixIn), so a slow or silent client
-            # only ever blocks itself.
-            if context is not None:
-                request.settimeout(CONNECTION_TIMEOUT)
-                try:
-                    request = context.wrap_socket(request, server_side=True)
-                except (OSError, ValueError):
-                    return  # failed or timed-out handshake: drop this connection only
-            super().finish_request(request, client_address)
-
-    return Server
+    ``ValueError`` for an address that is not one, or not one of this host's; ``OSError`` for
+    the rest (a port that is taken, a privileged port).
+    """
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)[0]
+    except socket.gaierror:
+        raise ValueError(f"memexporter: addr must be an IP address (0.0.0.0, 127.0.0.1, ::...), got {addr!r}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart while TIME_WAITs linger
+        sock.bind(sockaddr)
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(f"memexporter: addr {addr!r} is not an address of this host; "
+                             "use 0.0.0.0 (all interfaces), 127.0.0.1, or one of its addresses") from None
+        raise
+    return sock
 
 
 def serve(registry: CollectorRegistry, port: int, addr: str, certfile: str | None = None,
-          keyfile: str | None = None, title: str = "memexporter", routes: Mapping[str, Route] | None = None) -> Server:
-    """Bind and serve in a daemon thread. Raises ``OSError`` when the port is taken."""
-    context = _tls_context(certfile, keyfile) if certfile and keyfile else None
+          keyfile: str | None = None, title: str = "memexporter", routes: Mapping[str, Route] | None = None,
+          stats: ConnectionStats | None = None, deadline: float = DEADLINE) -> Server:
+    """Bind and serve in a daemon thread, without blocking on DNS or on any client.
+
+    Raises ``ValueError`` for a bad address or bad TLS files, ``OSError`` when binding fails
+    otherwise (the port is taken, say).
+    """
+    context = tls_context(certfile, keyfile) if certfile and keyfile else None
     app = router(make_wsgi_app(registry), title, routes)
-    handler = _strict_handler(WSGIRequestHandler)
-    httpd = make_server(addr, port, app, _server_class(addr, port, context), handler_class=handler)
-    thread = threading.Thread(target=httpd.serve_forever, name="memexporter-http", daemon=True)
-    thread.start()
-    return Server(httpd=httpd, thread=thread, addr=addr, port=int(httpd.server_port))
+    sock = _listening_socket(addr, port)
+    bound = int(sock.getsockname()[1])
+    listener = Listener(sock, answerer(app, bound), stats or ConnectionStats(), context, deadline=deadline)
+    listener.start()
+    return Server(listener=listener, addr=addr, port=bound, tls=context is not None)

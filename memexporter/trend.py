@@ -1,6 +1,6 @@
 """Leak rate and time until OOM: pure math on per-step memory points (no torch).
 
-The training thread adds one point per step to a bounded ``TrendWindow``: step number, monotonic
+The training thread adds one point per step to a bounded ``TrendWindow`` (trend_window.py): step number, monotonic
 wall time (seconds), baseline (``used`` bytes at the step boundary) and peak (highest ``used``
 bytes within the step). The scrape thread takes an immutable ``snapshot()`` and calls
 ``estimate()``: a Theil-Sen slope of the baseline against steps (bytes/step) and against time
@@ -14,26 +14,29 @@ squares fit is dragged by one evaluation spike; the median of pairwise slopes sh
 from __future__ import annotations
 
 import math
-import threading
-from array import array
-from collections import deque
 from dataclasses import dataclass
 from typing import TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
-MIB = 1 << 20
+# The window lives beside: the tracker builds it, this module reads its snapshots. Re-exported so
+# that ``memexporter.trend`` stays the one name for the trend's types.
+from memexporter.trend_window import (
+    MAX_FIT_POINTS,
+    MIB,
+    MIN_POINTS,
+    PEAK_LOOKBACK,
+    WARMUP_SECONDS,
+    TrendPoints,
+    TrendWindow,
+    even_indices,
+)
+
+__all__ = ["MAX_FIT_POINTS", "MIN_POINTS", "MIN_SPAN_SECONDS", "NOISE_FLOOR_BYTES", "NOISE_SIGMAS", "PEAK_LOOKBACK",
+           "SLOWDOWN", "WARMUP_SECONDS", "TrendEstimate", "TrendPoints", "TrendWindow", "estimate"]
+
 Vector: TypeAlias = npt.NDArray[np.float64]
-
-MIN_POINTS = 32
-"""Post-warm-up points needed before a slope is reported (the capacity, if smaller). The noise
-gate's MAD of a few residuals is itself noisy: on simulated Gaussian noise, 16 points pass the
-gate in ~2% of windows, 32 points in <0.1%, 48 or more in none of 4000."""
-
-MAX_FIT_POINTS = 256
-"""Larger windows are thinned to this many evenly spaced points (both ends kept), so a snapshot
-holds the lock for microseconds and an estimate costs ~1 ms whatever the capacity (<= 100 000)."""
 
 NOISE_SIGMAS = 3.0
 NOISE_FLOOR_BYTES = 1.0 * MIB
@@ -41,41 +44,16 @@ NOISE_FLOOR_BYTES = 1.0 * MIB
 residuals (1.4826 * MAD) and 1 MiB. The floor matters when the allocator rounds to blocks and
 the residuals are exactly 0: a drift under 1 MiB over the whole window is not worth a page."""
 
-RESTART_DROP_FRACTION = 0.25
-RESTART_DROP_FLOOR_BYTES = 64.0 * MIB
-RESTART_LOOKBACK = 8
-"""A baseline more than 25% and more than 64 MiB below the lowest of the last 8 baselines is a
-new level (model reloaded, memory freed), far beyond step-to-step noise. The lowest of several,
-not the last one, so the fall back to normal after a one-off upward spike is not a restart."""
+MAX_AUTOCORRELATION = 0.95
+"""The noise band widens at most sqrt(1.95 / 0.05), about 6x, for the smoothest noise."""
 
-PEAK_LOOKBACK = 8
-"""The ETA's peak level is the highest of the last 8 step peaks: the job OOMs at its highest
-peak, not its typical one, and peaks vary with batch shape. 8 steps keep it recent, so a one-off
-evaluation spike ages out quickly. It errs towards an earlier ETA, the safe side for a page."""
+MIN_SPAN_SECONDS = 3.0
+"""A slope also needs its points to span 3 s (or a full window): 32 steps of a fast CPU job last
+about a second, within one tooth of the C heap's sawtooth, and look just like a leak."""
 
-
-@dataclass(frozen=True)
-class TrendPoints:
-    """Immutable copy of a ``TrendWindow``, safe to hand to the scrape thread.
-
-    ``steps``/``times``/``baselines``/``peaks``: post-warm-up points, oldest first (step number,
-    monotonic seconds, bytes, bytes), thinned evenly to ``MAX_FIT_POINTS`` when ``held`` (points in
-    the window) is larger. ``recent_peaks``: the last ``PEAK_LOOKBACK`` step peaks in bytes,
-    warm-up included. ``last_baseline``/``last_peak``: the last step's bytes, None before one.
-    ``min_points``: points needed for a slope. ``restarts``: how often the window was reset.
-    """
-
-    steps: tuple[int, ...]
-    times: tuple[float, ...]
-    baselines: tuple[float, ...]
-    peaks: tuple[float, ...]
-    held: int
-    recent_peaks: tuple[float, ...]
-    last_baseline: float | None
-    last_peak: float | None
-    min_points: int
-    restarts: int
-
+SLOWDOWN = 0.5
+"""Growth is sustained only if the newest quarter of the window still grows at half the window's
+rate or more: a leak keeps its pace, start-up creep slows down and stops."""
 
 @dataclass(frozen=True)
 class TrendEstimate:
@@ -90,107 +68,6 @@ class TrendEstimate:
     samples: int
 
 
-def _even(n: int, m: int) -> list[int]:
-    """``m`` evenly spaced indices into ``range(n)``, first and last included (``m`` >= 2)."""
-    return [(k * (n - 1) + (m - 1) // 2) // (m - 1) for k in range(m)]
-
-
-class TrendWindow:
-    """Bounded ring buffer of per-step points. ``add()`` is O(1) (about 1 us) and thread-safe.
-
-    The first ``warmup_steps`` points after start or restart are counted but kept out of the fit:
-    allocator and cache warm-up raise the baseline in the first steps. A restart (the step number
-    or the time going backwards, or a baseline drop past ``RESTART_DROP_*``) clears the window.
-    """
-
-    def __init__(self, capacity: int, warmup_steps: int) -> None:
-        for name, value, lo in (("capacity", capacity, 2), ("warmup_steps", warmup_steps, 0)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"memexporter: TrendWindow {name} must be an int, got {value!r}")
-            if value < lo:
-                raise ValueError(f"memexporter: TrendWindow {name} must be >= {lo}, got {value!r}")
-        self.capacity, self.warmup_steps = capacity, warmup_steps
-        # Preallocated C arrays and a write index: add() overwrites in place and nothing grows;
-        # 32 bytes a point (3 MiB at 100 000), where lists of Python floats take ~130.
-        self._rings = (array("q", bytes(8 * capacity)), array("d", bytes(8 * capacity)),
-                       array("d", bytes(8 * capacity)), array("d", bytes(8 * capacity)))
-        self._head = 0  # next slot to write
-        self._count = 0  # post-warm-up points held, <= capacity
-        self._recent_base: deque[float] = deque(maxlen=RESTART_LOOKBACK)
-        self._recent_peak: deque[float] = deque(maxlen=PEAK_LOOKBACK)
-        self._seen = 0  # points since start or restart, warm-up included
-        self._last_step, self._last_t = 0, 0.0
-        self._restarts = 0
-        # The step hook writes while the scrape thread copies: the lock keeps the rings aligned.
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        """Post-warm-up points held, at most ``capacity``."""
-        return self._count
-
-    def add(self, step: int, t: float, baseline: float, peak: float) -> None:
-        """Record one completed step: ``t`` in monotonic seconds, ``baseline``/``peak`` in bytes."""
-        if not math.isfinite(t + baseline + peak):
-            return  # one bad reading must not poison every later median
-        with self._lock:
-            if self._seen and (step < self._last_step or t < self._last_t or self._dropped(baseline)):
-                self._clear()
-            elif self._seen and step == self._last_step:
-                # The same step reported twice (manual step() plus a hook): keep the latest
-                # reading, and never two equal x values in the fit.
-                self._recent_base[-1], self._recent_peak[-1], self._last_t = baseline, peak, t
-                if self._seen > self.warmup_steps:  # the last point is in the ring; -1 wraps
-                    _, times, bases, peaks = self._rings
-                    times[self._head - 1], bases[self._head - 1], peaks[self._head - 1] = t, baseline, peak
-                return
-            if self._seen >= self.warmup_steps:
-                # Ring first: a step the int64 array refuses raises before any state changed.
-                i = self._head
-                steps, times, bases, peaks = self._rings
-                steps[i], times[i], bases[i], peaks[i] = step, t, baseline, peak
-                self._head = i + 1 if i + 1 < self.capacity else 0
-                if self._count < self.capacity:
-                    self._count += 1
-            self._seen += 1
-            self._last_step, self._last_t = step, t
-            self._recent_base.append(baseline)
-            self._recent_peak.append(peak)
-
-    def _dropped(self, baseline: float) -> bool:
-        level = min(self._recent_base)
-        return level - baseline > max(RESTART_DROP_FRACTION * level, RESTART_DROP_FLOOR_BYTES)
-
-    def _clear(self) -> None:
-        # Stale slots keep old values; _count says they are outside the window.
-        self._head = self._count = self._seen = 0
-        self._recent_base.clear()
-        self._recent_peak.clear()
-        self._restarts += 1
-
-    def snapshot(self) -> TrendPoints:
-        """Immutable copy, oldest point first, thinned to ``MAX_FIT_POINTS`` (see ``TrendPoints``)."""
-        with self._lock:
-            n, cap = self._count, self.capacity
-            start = (self._head - n) % cap
-            # Gather at most MAX_FIT_POINTS items: copying a 100 000-point window whole would hold
-            # the lock, and so stall the training thread, for milliseconds on every scrape.
-            order = _even(n, MAX_FIT_POINTS) if n > MAX_FIT_POINTS else range(n)
-            slots = [(start + k) % cap for k in order]
-            steps, times, bases, peaks = self._rings
-            return TrendPoints(
-                steps=tuple([steps[i] for i in slots]),
-                times=tuple([times[i] for i in slots]),
-                baselines=tuple([bases[i] for i in slots]),
-                peaks=tuple([peaks[i] for i in slots]),
-                held=n,
-                recent_peaks=tuple(self._recent_peak),
-                last_baseline=self._recent_base[-1] if self._recent_base else None,
-                last_peak=self._recent_peak[-1] if self._recent_peak else None,
-                min_points=min(MIN_POINTS, cap),
-                restarts=self._restarts,
-            )
-
-
 def _median_slope(dy: Vector, dx: Vector) -> float:
     """Theil-Sen: the median of the pairwise slopes dy/dx over pairs with dx > 0 (0 if none)."""
     keep = dx > 0  # equal times (a coarse clock) carry no slope
@@ -203,23 +80,47 @@ def _is_significant(x: Vector, y: Vector, slope: float) -> bool:
     resid -= np.median(resid)
     sigma = 1.4826 * float(np.median(np.abs(resid)))  # MAD scaled to a Gaussian sigma
     rise = abs(slope * float(x[-1] - x[0]))
-    return rise > max(NOISE_SIGMAS * sigma, NOISE_FLOOR_BYTES)
+    return rise > max(NOISE_SIGMAS * sigma * _inflation(resid, sigma), NOISE_FLOOR_BYTES)
+
+
+def _inflation(resid: Vector, sigma: float) -> float:
+    """How much wider the noise band is because neighbouring residuals move together.
+
+    A CPU job's RSS is a sawtooth: the C heap grows for tens of steps, then returns memory to the
+    OS at once. Its residuals are not independent: a window that starts at a drop and ends at a
+    tooth's top rises far more than independent noise of the same MAD would. For noise whose
+    lag-1 autocorrelation is rho, n points weigh like n (1 - rho) / (1 + rho) independent ones,
+    so the band widens by sqrt((1 + rho) / (1 - rho)): 1 for independent noise, 3 at rho = 0.8.
+    rho comes from the von Neumann ratio, 1 - var(step-to-step change) / (2 var), both variances
+    from MADs, so the sawtooth's rare drops and one-off spikes do not move it. A window that
+    spans many teeth averages them out, so the widening stops at sqrt(n / MIN_INDEPENDENT_POINTS).
+    """
+    if sigma <= 0 or len(resid) < 3:
+        return 1.0
+    diff_sigma = 1.4826 * float(np.median(np.abs(np.diff(resid))))
+    rho = min(max(1.0 - diff_sigma**2 / (2 * sigma**2), 0.0), MAX_AUTOCORRELATION)
+    return math.sqrt((1 + rho) / (1 - rho))
+
+
+def _pair_slope(x: Vector, y: Vector) -> float:
+    """Theil-Sen slope of ``y`` against ``x``."""
+    i, j = np.triu_indices(len(y), k=1)
+    return _median_slope(y[j] - y[i], x[j] - x[i])
 
 
 def _sustained(x: Vector, y: Vector, slope: float) -> bool:
-    """Whether the newer half of the window also moves significantly, in the same direction.
+    """Whether the growth keeps its pace: the newer half and the newest quarter of the window
+    each move at ``SLOWDOWN`` of the whole window's rate or more, in the same direction.
 
-    A leak keeps growing; allocator warm-up (glibc arenas, the caching allocator filling its
-    pools) grows fast and then flattens, which a whole-window slope still reads as a small,
-    significant rise. On the CPU demo that rise was ~0.08 MiB/step and the ETA wandered between
-    one and eight days on a healthy job. Requiring the newer half to show the growth too keeps
-    the current trend, not the start-up, in charge.
+    A leak keeps growing at its pace; start-up creep (glibc arenas, the caching allocator filling
+    its pools) grows fast and then flattens, which a whole-window slope still reads as a small,
+    significant rise. On the CPU demo that rise was ~0.1 MiB/step, an ETA of hours on a healthy
+    job. Requiring the recent points to keep the pace keeps the current trend, not the start-up,
+    in charge; a leak that starts part-way through the window grows faster at the end, and passes.
     """
-    half = len(y) // 2
-    xr, yr = x[half:], y[half:]
-    i, j = np.triu_indices(len(yr), k=1)
-    recent = _median_slope(yr[j] - yr[i], xr[j] - xr[i])
-    return recent * slope > 0 and _is_significant(xr, yr, recent)
+    half, quarter = len(y) // 2, len(y) - len(y) // 4
+    return (_pair_slope(x[half:], y[half:]) / slope >= SLOWDOWN
+            and _pair_slope(x[quarter:], y[quarter:]) / slope >= SLOWDOWN)
 
 
 def estimate(points: TrendPoints, limit_bytes: float | None) -> TrendEstimate:
@@ -232,9 +133,10 @@ def estimate(points: TrendPoints, limit_bytes: float | None) -> TrendEstimate:
     """
     n = len(points.steps)
     per_step = per_second = 0.0
-    if points.held >= points.min_points and n >= 2:
+    if points.held >= points.min_points and n >= 2 and (
+            points.times[-1] - points.times[0] >= MIN_SPAN_SECONDS or points.held >= points.capacity):
         # Hand-built points may be unthinned; O(n^2) pairs must stay bounded.
-        idx = _even(n, MAX_FIT_POINTS) if n > MAX_FIT_POINTS else list(range(n))
+        idx = even_indices(n, MAX_FIT_POINTS) if n > MAX_FIT_POINTS else list(range(n))
         x_step = np.asarray(points.steps, dtype=np.float64)[idx]
         x_time = np.asarray(points.times, dtype=np.float64)[idx]
         y = np.asarray(points.baselines, dtype=np.float64)[idx]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set-up shared by scripts/demo.sh and scripts/test.sh, for a fresh Debian/Ubuntu machine with
-# Python 3.10+. Idempotent: a second run only checks.
+# Python 3.10+. Idempotent: a second run only checks (a stamp in the venv records pyproject.toml's
+# hash and the extras installed; pip runs again only when they change).
 #   scripts/setup.sh            venv + package (+ a CPU build of torch when torch is missing)
 #   scripts/setup.sh --test     also the dev tools and Debian's prometheus, prometheus-alertmanager
 #                               and docker-compose (the compose file's schema check)
@@ -9,6 +10,10 @@ cd "$(dirname "$0")/.."
 
 want_test=0
 [[ "${1:-}" == "--test" ]] && want_test=1
+case "${1:-}" in
+  ""|--test) ;;
+  *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
+esac
 VENV="${MEMEXPORTER_VENV:-.venv}"
 PY="${PYTHON:-python3}"
 TORCH_VERSION="${MEMEXPORTER_TORCH_VERSION:-2.13.0}"
@@ -39,23 +44,38 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   fi
 fi
 VPY="$VENV/bin/python"
-"$VPY" -m pip install -q --upgrade pip >/dev/null
+STAMP="$VENV/.memexporter-setup"
+extras=""
+[[ $want_test -eq 1 ]] && extras="[dev]"
+# What the editable install depends on: pyproject.toml, the extras, and where the checkout is.
+# A stamp written after a [dev] install also serves a plain one.
+hash="$(sha256sum pyproject.toml | cut -c1-16)"
+read -r have_hash have_extras have_path < "$STAMP" 2>/dev/null || true
+installed=0
+if [[ "${have_hash:-}" == "$hash" && "${have_path:-}" == "$(pwd)" && ( "${have_extras:-}" == "[dev]" || -z "$extras" ) ]]; then
+  installed=1
+fi
+[[ $installed -eq 1 ]] || "$VPY" -m pip install -q --upgrade pip >/dev/null
 
 # torch: keep the one that is there (a user's CUDA build must survive); otherwise a CPU build.
 # A plain `pip install torch` from PyPI pulls the CUDA build and several GB of nvidia-* wheels, so
 # ask for the +cpu local version, which only PyTorch's CPU index (or a local wheel cache) has;
 # dependencies still come from PyPI. Where neither serves it, fall back to PyPI's build.
-if ! "$VPY" -c 'import torch' 2>/dev/null; then
+if [[ $installed -eq 0 ]] && ! "$VPY" -c 'import torch' 2>/dev/null; then
   say "installing torch==$TORCH_VERSION (CPU build)"
   "$VPY" -m pip install -q --extra-index-url "${MEMEXPORTER_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
       --timeout 15 --retries 1 "torch==$TORCH_VERSION+cpu" 2> >(grep -v -e 'Retrying' -e 'Location' >&2) \
     || { say "no CPU build of torch $TORCH_VERSION found; installing PyPI's (large)"; "$VPY" -m pip install -q "torch==$TORCH_VERSION"; }
 fi
 
-extras=""
-[[ $want_test -eq 1 ]] && extras="[dev]"
-say "installing memexporter$extras (editable)"
-"$VPY" -m pip install -q -e ".$extras"
+if [[ $installed -eq 1 ]]; then
+  say "memexporter$extras already installed (pyproject.toml unchanged)"
+else
+  say "installing memexporter$extras (editable)"
+  rm -f "$STAMP"
+  "$VPY" -m pip install -q -e ".$extras"
+  echo "$hash ${extras:-[]} $(pwd)" > "$STAMP"
+fi
 
 if [[ $want_test -eq 1 ]]; then
   missing=()
@@ -66,4 +86,13 @@ if [[ $want_test -eq 1 ]]; then
   if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
   say "prometheus $(prometheus --version 2>&1 | head -1 | awk '{print $3}'), alertmanager $(prometheus-alertmanager --version 2>&1 | head -1 | awk '{print $3}')"
 fi
-say "ready: $("$VPY" -c 'import torch, memexporter; print(f"memexporter {memexporter.__version__}, torch {torch.__version__}")')"
+ready() { "$VPY" -c 'import torch, memexporter; print(f"memexporter {memexporter.__version__}, torch {torch.__version__}")'; }
+if ! versions="$(ready 2>/dev/null)"; then
+  # The stamp said all is installed, but the environment does not import (a package removed by
+  # hand, say): forget the stamp and set up again, once.
+  [[ -n "${MEMEXPORTER_SETUP_RETRY:-}" ]] && { ready; exit 1; }
+  say "the environment does not import; setting it up again"
+  rm -f "$STAMP"
+  MEMEXPORTER_SETUP_RETRY=1 exec "$0" "$@"
+fi
+say "ready: $versions"

@@ -131,20 +131,6 @@ class HostBackend:
         """Resident set size of this process (``memory_info().rss``); cheap, for the step tracker."""
         return int(self._proc.memory_info().rss)
 
-    def peak_rss(self) -> int:
-        """Lifetime high-water mark of the RSS (``VmHWM`` from ``/proc/self/status``), or 0 if unknown.
-
-        Read, never reset: clearing it would change what the user's own tools report.
-        """
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        return 0
-
     def children_rss(self) -> int:
         """Summed RSS of all descendants (DataLoader workers and their children), in bytes."""
         pending = _children_from_proc(os.getpid())

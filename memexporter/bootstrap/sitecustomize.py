@@ -59,8 +59,8 @@ except Exception as exc:
 
 try:
     if _should_start(list(getattr(sys, "orig_argv", sys.argv))):
-        import memexporter
+        from memexporter import exporter
 
-        memexporter.start()
+        exporter.start(port_hint="MEMEXPORTER_PORT")
 except Exception as exc:  # a bad MEMEXPORTER_* value must not stop the interpreter from starting
     print(f"memexporter bootstrap: not started: {exc}", file=sys.stderr)

@@ -1,7 +1,11 @@
 """CUDA caching-allocator series from ``torch.cuda.memory_stats()``, one call per device per scrape.
 
-Keys vary across torch versions (``requested_bytes`` arrived in 2.1, for instance), so each
-series is emitted only when its key is present: a missing key means no series, not a zero.
+Keys vary across torch versions (torch 1.13 reports neither ``requested_bytes`` nor
+``num_device_alloc``), so each series is emitted only when its key is present: a missing key means
+no series, not a zero. Under ``cudaMallocAsync`` the driver's pool answers only allocated, active
+and reserved bytes; torch reports the native allocator's other statistics as zeros there, so
+they, and the fragmentation ratio built on them, are not exported rather than exported as zeros
+that look measured. A pluggable allocator reports nothing: only ``allocator_info`` says why.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client.core import Metric
 
+from memexporter.backends.base import ALLOCATOR_ASYNC
 from memexporter.metrics import families
 from memexporter.scrape import Scrape, cuda_label
 
@@ -27,6 +32,18 @@ KEYS: dict[str, str] = {
     "memexporter_allocator_device_allocations_total": "num_device_alloc",
     "memexporter_allocator_device_frees_total": "num_device_free",
 }
+FRAGMENTATION = "memexporter_allocator_fragmentation_ratio"
+INFO = "memexporter_allocator_info"
+
+# Measured by the native caching allocator only; cudaMallocAsync leaves them at zero
+# (c10/cuda/CUDAMallocAsyncAllocator.cpp, getDeviceStats: "Many stat types are specific to the
+# native allocator ... Their struct Stats will contain zeroed values").
+NATIVE_ONLY: frozenset[str] = frozenset({
+    "memexporter_allocator_inactive_split_bytes", "memexporter_allocator_requested_bytes",
+    "memexporter_allocator_alloc_retries_total", "memexporter_allocator_ooms_total",
+    "memexporter_allocator_device_allocations_total", "memexporter_allocator_device_frees_total",
+    FRAGMENTATION,
+})
 
 
 def fragmentation(stats: Mapping[str, int]) -> float | None:
@@ -42,13 +59,18 @@ class AllocatorCollector:
 
     def collect(self, scrape: Scrape) -> Iterable[Metric]:
         rank = scrape.sources.rank
-        rows: dict[str, list[tuple[tuple[str, ...], float]]] = {m: [] for m in [*KEYS, "memexporter_allocator_fragmentation_ratio"]}
+        rows: dict[str, list[tuple[tuple[str, ...], float]]] = {m: [] for m in [*KEYS, FRAGMENTATION, INFO]}
+        if not scrape.cuda_stats:
+            return []
+        backend = scrape.allocator_backend
+        skip = NATIVE_ONLY if backend == ALLOCATOR_ASYNC else frozenset()
         for index, stats in scrape.cuda_stats.items():
             labels = (rank, cuda_label(index))
+            rows[INFO].append(((*labels, backend), 1.0))
             for metric, key in KEYS.items():
-                if key in stats:
+                if key in stats and metric not in skip:
                     rows[metric].append((labels, float(stats[key])))
             frag = fragmentation(stats)
-            if frag is not None:
-                rows["memexporter_allocator_fragmentation_ratio"].append((labels, frag))
+            if frag is not None and FRAGMENTATION not in skip:
+                rows[FRAGMENTATION].append((labels, frag))
         return families(rows)

@@ -1,7 +1,9 @@
-"""Device memory from NVML, matched to CUDA ordinals by UUID.
+"""Device memory and identity from NVML, matched to CUDA ordinals by UUID.
 
 NVML ignores ``CUDA_VISIBLE_DEVICES``, so ``cuda:0`` inside the process may be physical GPU 3:
 the UUID from ``get_device_properties`` is the join key. NVML unavailable means no series.
+``device_info`` carries what a join with dcgm-exporter needs (NVML's UUID, the physical GPU's
+UUID and MIG GPU instance id, the PCI bus id, the model name): see the README.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class DeviceCollector:
             total.append((labels, float(mem.total)))
             used.append((labels, float(mem.used)))
             free.append((labels, float(mem.free)))
-            info.append(((*labels, mem.uuid, mem.name), 1.0))
+            identity = (mem.uuid, mem.name, mem.pci_bus_id, mem.gpu_uuid or mem.uuid, mem.gpu_instance_id)
+            info.append(((*labels, *identity), 1.0))
         return families({
             "memexporter_device_total_bytes": total,
             "memexporter_device_used_bytes": used,

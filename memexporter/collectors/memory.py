@@ -18,5 +18,6 @@ class MemoryCollector:
         views = scrape.views
         return families({
             "memexporter_memory_used_bytes": [((rank, d), v.used) for d, v in views.items()],
-            "memexporter_memory_limit_bytes": [((rank, d), v.limit) for d, v in views.items()],
+            # An unknown limit (no free figure, no cap) is no series rather than a made-up one.
+            "memexporter_memory_limit_bytes": [((rank, d), v.limit) for d, v in views.items() if v.limit is not None],
         })

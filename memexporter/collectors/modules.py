@@ -1,7 +1,7 @@
 """Per-module breakdown: parameter, gradient, optimizer-state and activation bytes per ``module``.
 
 Reads only the immutable snapshots that tracked models publish from the training thread
-(``memexporter.tracking.ledger``), never a live tensor, and folds each to ``max_modules`` rows.
+(``memexporter.tracking.snapshots``), never a live tensor, and folds each to ``max_modules`` rows.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from prometheus_client.core import Metric
 
 from memexporter.metrics import families
 from memexporter.scrape import Scrape
-from memexporter.tracking.ledger import FAMILIES, SnapshotSource, active_handles, fold
+from memexporter.tracking.snapshots import FAMILIES, SnapshotSource, active_handles, fold
 
 DELTA = "memexporter_module_forward_delta_bytes"
 

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from memexporter.tracking.ledger import ParamCount, Plan, Snapshot, storage
+from memexporter.tracking.ledger import ParamCount, Plan, storage
+from memexporter.tracking.snapshots import Snapshot
 
 log = logging.getLogger("memexporter")
 

@@ -1,143 +1,23 @@
-"""The module ledger: the row plan, byte counting, immutable snapshots, the fold, the active list.
+"""The module ledger, on the training thread: the row plan of a model and its byte counting.
 
-The training thread (hooks in ``tracking/hooks.py``) calls the counting functions here and
-publishes a new ``Snapshot`` by swapping one attribute; the scrape thread reads only published
-snapshots and ``fold()``, never a live tensor (DESIGN.md §2 rule 4).
+``track()`` builds a ``Plan`` once; the hooks in ``tracking/hooks.py`` and
+``tracking/optimizer.py`` call the counting functions here and publish the results as an
+immutable ``snapshots.Snapshot``, which is all the scrape thread reads (DESIGN.md §2 rule 4).
 
 Bytes are storage bytes (``untyped_storage().nbytes()``), each storage counted once, keyed by
 ``untyped_storage().data_ptr()``: views and tied weights share a storage, so they count once.
-
-A snapshot holds one row per *candidate* module: the root and every module at most ``depth``
-levels down (deeper modules were already folded into their ancestor at track time). ``fold()``
-then bounds the rows to ``max_modules`` (+ the root) by folding the smallest leaves into their
-parents, bottom-up, so every byte stays in some row and the family sums never change.
 """
 
 from __future__ import annotations
 
-import heapq
-import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
-# Family names, in the order of the value columns of a Snapshot and of a folded row.
-FAMILIES = (
-    "memexporter_module_parameter_bytes",
-    "memexporter_module_gradient_bytes",
-    "memexporter_module_optimizer_state_bytes",
-    "memexporter_module_activation_bytes",
-)
-
-Row = tuple[str, tuple[int, int, int, int]]
-
-ROOT_LABEL = "(root)"
-"""``module`` label of the root's own row (its direct parameters) when the prefix is empty."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The candidate rows of one tracked model, in pre-order (a parent precedes its children).
-
-    ``names`` are the ``module`` label values; ``parents[i]`` is the row index of row i's parent,
-    ``-1`` for the root (row 0).
-    """
-
-    names: tuple[str, ...]
-    parents: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Bytes per candidate row, as of the last update of each family (all values in bytes).
-
-    ``parameter``: at track time and whenever the parameters' storage changed (``.to()``);
-    ``gradient``/``optimizer_state``: at the last optimizer step; ``activation``: during the last
-    grad-enabled forward of the root.
-    """
-
-    layout: Layout
-    max_modules: int
-    parameter: tuple[int, ...]
-    gradient: tuple[int, ...]
-    optimizer_state: tuple[int, ...]
-    activation: tuple[int, ...]
-
-
-class SnapshotSource(Protocol):
-    """What the collector needs from a tracking handle."""
-
-    def snapshot(self) -> Snapshot: ...
-
-
-def fold(snap: Snapshot) -> list[Row]:
-    """Rows to export: at most ``max_modules`` non-root rows, the folded bytes added to ancestors.
-
-    Repeatedly merges the leaf with the fewest bytes (all four families together) into its parent
-    until the cap holds. Ties fold the later module first, so the result is deterministic. Rows
-    that end with zero bytes in every family are left out, except the root, which is always
-    there (so the four families exist as soon as a model is tracked).
-    """
-    names, parents = snap.layout.names, snap.layout.parents
-    n = len(names)
-    cols = [list(snap.parameter), list(snap.gradient), list(snap.optimizer_state), list(snap.activation)]
-    total = [cols[0][i] + cols[1][i] + cols[2][i] + cols[3][i] for i in range(n)]
-    children = [0] * n
-    for i in range(1, n):
-        children[parents[i]] += 1
-    alive = [True] * n
-    kept = n - 1
-    heap = [(total[i], -i) for i in range(1, n) if children[i] == 0]
-    heapq.heapify(heap)
-    while kept > snap.max_modules and heap:
-        _, neg = heapq.heappop(heap)
-        i = -neg
-        p = parents[i]
-        for col in cols:
-            col[p] += col[i]
-        total[p] += total[i]
-        alive[i] = False
-        kept -= 1
-        children[p] -= 1
-        # A leaf's value never changes while it is a leaf, so heap entries never go stale.
-        if children[p] == 0 and p != 0:
-            heapq.heappush(heap, (total[p], -p))
-    return [
-        (names[i], (cols[0][i], cols[1][i], cols[2][i], cols[3][i]))
-        for i in range(n)
-        if alive[i] and (i == 0 or total[i] > 0)
-    ]
-
-
-# --- The active handles. Written by track()/remove() under a lock, read lock-free by scrapes:
-# the tuple is replaced whole, so a reader sees either the old or the new one.
-
-_active: tuple[SnapshotSource, ...] = ()
-_lock = threading.Lock()
-
-
-def register(source: SnapshotSource) -> None:
-    global _active
-    with _lock:
-        _active = (*_active, source)
-
-
-def unregister(source: SnapshotSource) -> None:
-    global _active
-    with _lock:
-        _active = tuple(s for s in _active if s is not source)
-
-
-def active_handles() -> Sequence[SnapshotSource]:
-    """The tracking handles whose snapshots the modules collector exports (a point-in-time copy)."""
-    return _active
-
-
-# --- Counting, on the training thread. -----------------------------------------------------------
+from memexporter.tracking.snapshots import ROOT_LABEL, Layout
 
 
 def storage(t: torch.Tensor) -> tuple[int, int]:

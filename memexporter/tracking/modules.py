@@ -10,7 +10,7 @@
   forward (``save_on_cpu``, the user's own), because torch applies only the innermost pair;
 - an optimizer step post-hook counts ``.grad`` and optimizer-state bytes.
 
-Every figure is computed here and published as an immutable ``ledger.Snapshot``; the collector
+Every figure is computed here and published as an immutable ``snapshots.Snapshot``; the collector
 reads only that (DESIGN.md §2 rule 4). Hooks never raise: failures are counted by
 ``hook_errors()`` and the first one is logged. See docs/modules.md.
 
@@ -35,13 +35,14 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from memexporter.config import resolve_knob
-from memexporter.tracking import ledger
+from memexporter.tracking import ledger, snapshots
 from memexporter.tracking.hooks import ForwardHooks, _eager, _top_hooks, hook_errors
-from memexporter.tracking.ledger import ROOT_LABEL, Plan, Snapshot, active_handles, unwrap
+from memexporter.tracking.ledger import Plan, unwrap
 
 # Re-exported for callers of the public module; the hooks read them in tracking/optimizer.py.
 from memexporter.tracking.optimizer import STEP_COUNT_INTERVAL_S as STEP_COUNT_INTERVAL_S  # noqa: PLC0414
 from memexporter.tracking.optimizer import StepHooks
+from memexporter.tracking.snapshots import ROOT_LABEL, Snapshot, active_handles
 
 __all__ = ["ROOT_LABEL", "TrackHandle", "active_handles", "hook_errors", "track"]
 
@@ -54,7 +55,7 @@ class TrackHandle(ForwardHooks, StepHooks):
     """One tracked model. ``remove()`` (or leaving a ``with`` block) takes every hook off.
 
     The handle is also what the modules collector reads: ``snapshot()`` returns the last published
-    ``ledger.Snapshot`` (one attribute read, safe from any thread).
+    ``snapshots.Snapshot`` (one attribute read, safe from any thread).
     """
 
     def __init__(self, model: nn.Module, plan: Plan, prefix: str, max_modules: int,
@@ -99,7 +100,7 @@ class TrackHandle(ForwardHooks, StepHooks):
         else:
             hooks.extend(o.register_step_post_hook(self._on_step) for o in optimizers)
         self._hooks = hooks
-        ledger.register(self)
+        snapshots.register(self)
 
     # --- the collector's side ------------------------------------------------------------------
 
@@ -123,7 +124,7 @@ class TrackHandle(ForwardHooks, StepHooks):
         forward removes them.
         """
         self._removed = True
-        ledger.unregister(self)
+        snapshots.unregister(self)
         ctx = self._ctx
         top = _top_hooks(True)
         if ctx is not None and top is not None and top[0] is ctx.pack_hook:  # mid-forward, this thread

@@ -19,7 +19,8 @@ from torch.optim import Optimizer
 
 from memexporter.tracking import ledger
 from memexporter.tracking.hooks import _fail
-from memexporter.tracking.ledger import ParamCount, Plan, Snapshot
+from memexporter.tracking.ledger import ParamCount, Plan
+from memexporter.tracking.snapshots import Snapshot
 
 STEP_COUNT_INTERVAL_S = 1.0
 """Gradient and optimizer-state bytes are recounted at an optimizer step at most this often."""

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memexporter.scrape import CudaSource, HostSource, cuda_label
+from memexporter.backends.base import CudaSource, HostSource, cuda_label
 from memexporter.trend import TrendPoints, TrendWindow
 
 log = logging.getLogger("memexporter")
@@ -89,6 +89,8 @@ class StepTracker:
         self._cuda_indices: list[int] = []
         self.steps = 0
         self.errors = 0
+        # Called as fn(step) after each boundary, on the training thread (the tensor census).
+        self._boundary_callbacks: tuple[Callable[[int], None], ...] = ()
 
     def _read(self, refresh: bool = False) -> dict[str, tuple[int, int]]:
         """``{device: (used, lifetime high-water mark)}`` for cpu and each CUDA device in use.
@@ -130,8 +132,18 @@ class StepTracker:
                     peak = _step_peak(dev, used, high_water)
                     dev.window.add(self.steps, now, float(used), float(peak))
                     dev.high_water, dev.last_used, dev.step_max = high_water, used, used
+                steps = self.steps
+            for callback in self._boundary_callbacks:
+                callback(steps)
         except Exception:
             self._failed()
+
+    def add_boundary_callback(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(step)`` after every boundary, on the training thread. It must not raise."""
+        self._boundary_callbacks += (callback,)
+
+    def remove_boundary_callback(self, callback: Callable[[int], None]) -> None:
+        self._boundary_callbacks = tuple(c for c in self._boundary_callbacks if c != callback)
 
     def snapshot(self) -> StepSnapshot:
         with self._lock:
@@ -152,6 +164,12 @@ _manual = False
 _auto = False
 _primary: weakref.ref[Any] | None = None
 _hooks_installed = False
+# id() of the optimizer whose pre-step hook ran last and whose post-step hook has not counted yet.
+# A subclass whose step() calls super().step() runs torch's hook wrapper twice (both classes' step
+# are wrapped): pre, pre, post, post. Only the first post after a pre counts; the outer call's
+# post finds nothing pending. A step() that raised leaves its pre pending, which the next pre
+# overwrites, so nothing stays stuck.
+_pending: int | None = None
 
 
 def activate(tracker: StepTracker | None, auto_step: bool) -> None:
@@ -162,8 +180,8 @@ def activate(tracker: StepTracker | None, auto_step: bool) -> None:
     ``stop()`` from a timer, say) can raise "OrderedDict mutated during iteration" into training.
     With no tracker the hooks return at once.
     """
-    global _active, _owner_pid, _primary, _manual, _auto, _hooks_installed
-    _active, _owner_pid, _primary, _auto = tracker, os.getpid(), None, auto_step
+    global _active, _owner_pid, _primary, _manual, _auto, _hooks_installed, _pending
+    _active, _owner_pid, _primary, _auto, _pending = tracker, os.getpid(), None, auto_step, None
     if tracker is None:
         _manual = False  # a stopped exporter forgets the manual mode with everything else
     elif not _hooks_installed:
@@ -194,12 +212,18 @@ def _is_primary(optimizer: object) -> bool:
 
 
 def _on_pre_step(optimizer: object, args: object, kwargs: object) -> None:
+    global _pending
+    _pending = id(optimizer)
     tracker = _tracker()
     if tracker is not None and _auto and not _manual:
         tracker.sample()  # gradients are alive here: often close to the step's peak
 
 
 def _on_post_step(optimizer: object, args: object, kwargs: object) -> None:
+    global _pending
+    if _pending != id(optimizer):
+        return  # the outer call of a nested step(): its inner call counted this step
+    _pending = None
     tracker = _tracker()
     if tracker is None or not _auto or _manual:
         return

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.demo import running_demo
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MiB = 1 << 20
 # The leak estimate does not need a big model; a tiny one keeps the test fast on a busy CI box.
 TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.05")

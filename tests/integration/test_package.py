@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import memexporter
-from memexporter import grafana, rules
+from memexporter import rules
+from memexporter.dashboards import export
 from tests.support import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -70,7 +71,7 @@ def test_sdist_carries_what_operators_deploy(dist: Path) -> None:
     wanted = {"LICENSE", "CHANGELOG.md", "README.md", "Dockerfile", "alerts/memexporter.rules.yml",
               "deploy/compose/compose.yaml", "deploy/kubernetes/kustomization.yaml",
               "examples/prometheus/podmonitor.yaml", "grafana/provisioning/dashboards/memexporter.yml",
-              *(f"grafana/dashboards/{n}" for n in grafana.rendered())}
+              *(f"grafana/dashboards/{n}" for n in export.rendered())}
     assert wanted <= names, sorted(wanted - names)
     assert not [n for n in names if "__pycache__" in n or n.startswith(".venv")]
 

@@ -10,7 +10,7 @@ from tests.support.demo import running_demo
 from tests.support.ports import free_port
 from tests.support.prometheus import running_prometheus
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CPU_SPECS = [s for s in SPECS if not s.cuda_only]
 

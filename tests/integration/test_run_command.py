@@ -48,6 +48,8 @@ def test_run_script_with_options_and_exit_code(tmp_path: Path) -> None:
                str(script), str(port), "7"])
     assert out.returncode == 7, out.stdout + out.stderr
     assert f"script-args ['{port}', '7'] name __main__" in out.stdout
+    # memexporter's own logger says where the metrics are (INFO: needs the handler `run` sets up)
+    assert f"memexporter INFO memexporter: serving http://127.0.0.1:{port}/metrics" in out.stderr, out.stderr
 
 
 def _entry_point() -> str:
@@ -116,6 +118,17 @@ def test_bootstrap_skips_torchrun_launcher_and_reports_bad_values(tmp_path: Path
     assert "memexporter bootstrap: not started" in out.stderr and "MEMEXPORTER_PORT" in out.stderr
 
 
+def test_bootstrap_chains_to_the_next_sitecustomize(tmp_path: Path) -> None:
+    # A distribution's or a site's own sitecustomize, later on sys.path, must still run.
+    other = tmp_path / "site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("print('the other sitecustomize ran')\n")
+    env = {"PYTHONPATH": f"{bootstrap_path()}:{other}:{REPO_ROOT}"}
+    out = run([sys.executable, "-c", "print('the program ran')"], env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["the other sitecustomize ran", "the program ran"]
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
@@ -140,6 +153,7 @@ def test_bootstrap_start_decision(argv: list[str], expected: bool, monkeypatch: 
     assert sitecustomize._should_start(argv) is expected
 
 
+@pytest.mark.slow
 def test_torchrun_no_python_memexporter_run(tmp_path: Path) -> None:
     """`torchrun --no-python memexporter run train.py`: each of two ranks serves port + LOCAL_RANK."""
     import shutil

@@ -12,22 +12,22 @@ median rank, over the demo preset's 10 % threshold. The demo preset's windows (1
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from memexporter import dashboards
-from tests.support import REPO_ROOT
 from tests.support.alertmanager import WebhookReceiver, running_alertmanager
 from tests.support.binaries import require
 from tests.support.demo import running_torchrun_demo
 from tests.support.ports import bindable, free_port_block
 from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.promql import substitute
+from tests.support.rules import render_preset
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-DEMO_RULES = REPO_ROOT / "alerts" / "memexporter.demo.rules.yml"
 MiB = 1 << 20
 RANKS = {"0", "1"}
 ALERT = "MemexporterRankImbalance"
@@ -44,10 +44,10 @@ def _by_rank(result: list[dict[str, Any]]) -> dict[str, float]:
     return {s["metric"]["rank"]: float(s["value"][1]) for s in result}
 
 
-def test_two_ranks_dashboards_and_rank_imbalance_alert() -> None:
+def test_two_ranks_dashboards_and_rank_imbalance_alert(tmp_path: Path) -> None:
     require("prometheus")
     require("alertmanager")
-    assert DEMO_RULES.is_file(), f"{DEMO_RULES} missing: render it with `memexporter rules --preset demo`"
+    demo_rules = render_preset(tmp_path, "demo")
     base = free_port_block(2)
     targets = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
     started = time.time()
@@ -55,7 +55,7 @@ def test_two_ranks_dashboards_and_rank_imbalance_alert() -> None:
         WebhookReceiver() as hook,
         running_alertmanager(webhook_url=hook.url) as am,
         running_torchrun_demo(base, "--memory-limit-mib", "2048", "--rank-extra-mib", "1:1024") as torchrun,
-        running_prometheus(targets, [DEMO_RULES], alertmanager_url=am.url) as prom,
+        running_prometheus(targets, [demo_rules], alertmanager_url=am.url) as prom,
     ):
         prom.wait_targets_up(timeout=30)
         for rule_group in prom.rules():

@@ -10,6 +10,17 @@
   their HTTP endpoints answer, stopped with their whole process group.
 - ``ports``: free loopback ports (``free_port``, ``free_port_block`` for port + LOCAL_RANK).
 - ``promql``: metric names in an expression, variable substitution, ``promtool check rules``.
+- ``forked.run_forked``: checks run inside a forked child (a DataLoader worker), reported to the
+  parent over a pipe: the child's memory is a copy, so only it can say what it saw.
+- ``cuda_standins`` / ``nvml_standin``: torch.cuda's public functions and the ``pynvml`` module
+  answering from a fixture (``tests/fixtures``), so the real CUDA and NVML backends run on CPU;
+  ``memory_stats`` / ``synthetic_fixtures``: the shape of ``memory_stats()`` per torch version and
+  the SYNTHETIC fixtures built from it; ``fixture_checks``: what a scrape over a fixture must give.
+- ``rules``: a rules preset rendered into the test's own folder (``render_preset``).
+- ``traces``, ``scenarios``, ``scenario_defs``: SYNTHETIC per-step traces scraped through the real
+  trend estimator into promtool scenarios (``python -m tests.support.scenarios`` writes them);
+  ``probe``: when each alert of a scenario fires, asked of promtool at every evaluation.
+- ``healthy_demo``: the demo's own loop in fresh forked processes, its ETA read after every step.
 
 ``test_harness.py`` here tests the harness itself against the real binaries.
 """

@@ -144,7 +144,7 @@ def running_alertmanager(
     """Run the real Alertmanager on a free loopback port with storage in a temporary folder and
     clustering off (``--cluster.listen-address=``; otherwise it binds 9094).
 
-    ``config`` is a config file (``alerts/alertmanager.example.yml``, say), or a dict written as
+    ``config`` is a config file (``alertmanager/alertmanager.example.yml``, say), or a dict written as
     YAML; with neither, ``webhook_url`` gets every alert (``webhook_config``).
     """
     binary = require("alertmanager")

@@ -41,6 +41,7 @@ class FakeCuda:
     fraction: float = 1.0
     total: int = 80 * GiB
     free: int = 70 * GiB
+    backend: str = "native"
     calls: int = 0
 
     def cuda_devices(self) -> list[int]:
@@ -50,6 +51,9 @@ class FakeCuda:
         self.calls += len(self.stats)  # one memory_stats() call per device, as the real backend
         return {i: self.stats[i] for i in sorted(self.stats)}
 
+    def allocator_backend(self) -> str:
+        return self.backend
+
     def allocated(self, index: int) -> tuple[int, int]:
         s = self.stats[index]
         return s["allocated_bytes.all.current"], s["allocated_bytes.all.peak"]
@@ -57,7 +61,7 @@ class FakeCuda:
     def uuid(self, index: int) -> str | None:
         return self.uuids.get(index)
 
-    def total_memory(self, index: int) -> int:
+    def total_memory(self, index: int) -> int | None:
         return self.total
 
     def memory_fraction(self, index: int) -> float:
@@ -81,13 +85,9 @@ class FakeNvml:
 @dataclass
 class FakeHost:
     value: HostSample = field(default_factory=lambda: HostSample(2 * GiB, 512 * MiB, 10 * GiB, 16 * GiB))
-    peak: int = 2 * GiB
 
     def rss(self) -> int:
         return self.value.rss
-
-    def peak_rss(self) -> int:
-        return self.peak
 
     def sample(self) -> HostSample:
         return self.value
@@ -105,7 +105,8 @@ def sources(cuda: FakeCuda | None = None, nvml: FakeNvml | None = None, host: Fa
 def one_gpu(**stats_overrides: int) -> tuple[FakeCuda, FakeNvml]:
     """One synthetic GPU at cuda:0 whose NVML twin has the matching UUID."""
     cuda = FakeCuda(stats={0: {**SYNTHETIC_STATS, **stats_overrides}}, uuids={0: "GPU-synthetic-0"})
-    nvml = FakeNvml({"GPU-synthetic-0": NvmlMemory("GPU-synthetic-0", "Synthetic GPU", 80 * GiB, 10 * GiB, 70 * GiB)})
+    nvml = FakeNvml({"GPU-synthetic-0": NvmlMemory("GPU-synthetic-0", "Synthetic GPU", 80 * GiB, 10 * GiB, 70 * GiB,
+                                                   "00000000:01:00.0", "GPU-synthetic-0", "")})
     return cuda, nvml
 
 

@@ -9,7 +9,7 @@ from prometheus_client.core import Metric
 
 from memexporter.collectors.allocator import KEYS, AllocatorCollector, fragmentation
 from memexporter.collectors.device import DeviceCollector
-from memexporter.registry import MemexporterCollector
+from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.scrape import Scrape
 from tests.unit.fakes import (
     SYNTHETIC_STATS,
@@ -66,6 +66,16 @@ def test_fragmentation_unknown_without_keys() -> None:
     assert fragmentation({}) is None
 
 
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu only", "one gpu"])
+def test_every_collector_succeeds_without_a_step_tracker(gpu: bool) -> None:
+    # Before a step tracker exists the step figures are absent, and no collector fails over it:
+    # a failure would only show as collector_success 0, which no series-level check notices.
+    reg = registry_for(sources(*one_gpu()) if gpu else sources())
+    for name in (c.name for c in catalogue()):
+        assert value(reg, "memexporter_collector_success", rank="3", collector=name) == 1, name
+    assert value(reg, "memexporter_steps_total", rank="3") is None
+
+
 def test_no_cuda_means_no_allocator_or_device_series() -> None:
     scrape = Scrape(sources())
     assert list(AllocatorCollector().collect(scrape)) == []
@@ -78,7 +88,8 @@ def test_device_matched_by_uuid_not_index() -> None:
     reg = registry_for(sources(cuda, nvml))
     assert value(reg, "memexporter_device_total_bytes", rank="3", device="cuda:0") == 80 * GiB
     assert value(reg, "memexporter_device_used_bytes", rank="3", device="cuda:0") == 10 * GiB
-    assert value(reg, "memexporter_device_info", rank="3", device="cuda:0", uuid="GPU-synthetic-0", name="Synthetic GPU") == 1
+    assert value(reg, "memexporter_device_info", rank="3", device="cuda:0", uuid="GPU-synthetic-0", name="Synthetic GPU",
+                 pci_bus_id="00000000:01:00.0", gpu_uuid="GPU-synthetic-0", gpu_instance_id="") == 1
 
 
 def test_nvml_none_means_no_device_series_and_success() -> None:
@@ -159,9 +170,12 @@ def test_raising_collector_costs_only_its_own_series(caplog: pytest.LogCaptureFi
 
 
 def test_collector_duration_is_recorded() -> None:
-    reg = registry_for(sources())
-    d = value(reg, "memexporter_collector_duration_seconds", rank="3", collector="host")
-    assert d is not None and 0 <= d < 1
+    # A clock that advances 0.25 s per reading: each collector is timed by one pair of readings.
+    ticks = iter(0.25 * i for i in range(10**6))
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(MemexporterCollector(catalogue(), sources(), clock=lambda: next(ticks)))
+    for name in (c.name for c in catalogue()):
+        assert value(reg, "memexporter_collector_duration_seconds", rank="3", collector=name) == 0.25, name
 
 
 def test_budget_above_the_real_limit_does_not_hide_the_oom() -> None:

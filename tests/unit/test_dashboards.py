@@ -190,10 +190,16 @@ def test_rate_and_increase_use_rate_interval(name: str, dash: dict[str, Any]) ->
 
 def test_overview_has_alert_annotations() -> None:
     notes = [a for a in BUILT["memexporter-overview.json"]["annotations"]["list"] if "expr" in a]
-    assert len(notes) == 1
-    assert notes[0]["enable"] is True
-    assert notes[0]["datasource"]["uid"] == DS_UID
-    assert notes[0]["expr"] == 'ALERTS{alertname=~"Memexporter.*", alertstate="firing", job=~"$job"}'
+    assert [n["name"] for n in notes] == ["memexporter alerts", "probable fatal OOM"]
+    for note in notes:
+        assert note["enable"] is True
+        assert note["datasource"]["uid"] == DS_UID
+    firing, fatal = notes
+    assert firing["expr"] == ('ALERTS{alertname=~"Memexporter.*", alertname!="MemexporterFatalOOMSuspected", '
+                              'alertstate="firing", job=~"$job"}')
+    # The fatal OOM is marked once, at the moment the target vanished (when the alert went pending).
+    assert fatal["expr"] == 'ALERTS_FOR_STATE{alertname="MemexporterFatalOOMSuspected", job=~"$job"} * 1000'
+    assert fatal["useValueForTime"] is True
 
 
 # --- GPU-only panels, derived from the spec table -----------------------------------------------

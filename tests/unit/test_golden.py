@@ -3,6 +3,7 @@ real ``promtool check metrics``. Regenerate with MEMEXPORTER_UPDATE_GOLDEN=1 aft
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from memexporter.registry import MemexporterCollector, catalogue
+from memexporter.serving.conn import ConnectionStats
 from memexporter.tracking.steps import StepTracker
 from tests.support.binaries import require
 from tests.unit.fakes import MiB, one_gpu, sources, with_host
@@ -33,9 +35,13 @@ def _registry() -> CollectorRegistry:
     for i in range(40):  # a synthetic 1 MiB/step leak on cuda:0, flat host
         cuda.stats[0] = {**cuda.stats[0], "allocated_bytes.all.current": 3 * 1024 * MiB + i * MiB}
         tracker.step()
+    http = ConnectionStats()
+    for reason in ("timeout", "timeout", "reset"):  # two clients cut at the deadline, one port scan
+        http.count(reason)
     reg = CollectorRegistry(auto_describe=False)
     # A frozen clock makes collector_duration_seconds 0, so the file is stable.
-    reg.register(MemexporterCollector(catalogue(), sources(cuda, nvml, host, steps=tracker), clock=lambda: 0.0))
+    src = dataclasses.replace(sources(cuda, nvml, host, steps=tracker), http=http)
+    reg.register(MemexporterCollector(catalogue(), src, clock=lambda: 0.0))
     return reg
 
 

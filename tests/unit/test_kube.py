@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from memexporter import cli, dashboards, grafana, kube, rules
+from memexporter import cli, dashboards, kube, rules
+from memexporter.dashboards import export
 
 # The PrometheusRule CRD's schema (prometheus-operator v0.82, monitoring.coreos.com_prometheusrules.yaml),
 # the parts a rules file can get wrong: the closed set of fields (the API server prunes unknown
@@ -140,7 +141,7 @@ def test_dashboards_json_files_from_the_installed_package(tmp_path: Path) -> Non
     out = tmp_path / "grafana" / "dashboards"
     assert cli.main(["dashboards", "--output", str(out)]) == 0
     written = {p.name: p.read_text(encoding="utf-8") for p in out.iterdir()}
-    assert written == grafana.rendered()
+    assert written == export.rendered()
     committed = dashboards.OUT_DIR
     assert written == {name: (committed / name).read_text(encoding="utf-8") for name in written}
 

@@ -1,29 +1,78 @@
-"""Recorded memory_stats() dicts from real GPUs (tests/fixtures/memory_stats_*.json, each with
-its device name and torch version) through the allocator mapping."""
+"""Fixtures of what torch.cuda and NVML answer, through the real backends and the whole scrape.
+
+Two sets, kept apart:
+- tests/fixtures/synthetic/*.json: SYNTHETIC, made up in the exact shape torch's source gives
+  (tests/support/synthetic_fixtures.py); they always run.
+- tests/fixtures/recorded/*.json: recorded on a real GPU by tests/cuda/record_fixtures.py
+  (scripts/gpu-check.sh), each naming its GPU and torch; skipped, with that reason, while none
+  has been recorded.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from memexporter.collectors.allocator import KEYS
-from tests.unit.fakes import FakeCuda, registry_for, sources
+from tests.support.cuda_standins import load
+from tests.support.fixture_checks import check_mapping, inconsistencies, torch_version_of
+from tests.support.memory_stats import PRIVATE_POOLS, flatten, nested
+from tests.support.synthetic_fixtures import FIXTURES, SYNTHETIC_DIR, render
 
-FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures").glob("memory_stats_*.json"))
+RECORDED_DIR = SYNTHETIC_DIR.parent / "recorded"
+SYNTHETIC = [pytest.param(p, id=p.name) for p in sorted(SYNTHETIC_DIR.glob("*.json"))]
+RECORDED = [pytest.param(p, id=p.name) for p in sorted(RECORDED_DIR.glob("*.json"))] or [
+    pytest.param(None, id="none-recorded", marks=pytest.mark.skip(
+        reason="no GPU-recorded fixture in tests/fixtures/recorded yet (run scripts/gpu-check.sh on a GPU machine)"))]
 
 
-@pytest.mark.skipif(not FIXTURES, reason="no recorded GPU fixture in tests/fixtures yet (record one with "
-                    "MEMEXPORTER_RECORD_FIXTURES=1 pytest tests/cuda on a GPU machine)")
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
-def test_recorded_stats_map_to_contract_series(path: Path) -> None:
-    record = json.loads(path.read_text())
-    assert record["device_name"] and record["torch_version"], "a recorded fixture names its GPU and torch"
-    stats = {k: int(v) for k, v in record["memory_stats"].items() if isinstance(v, (int, float))}
-    reg = registry_for(sources(FakeCuda(stats={0: stats})))
-    for metric, key in KEYS.items():
-        if key in stats:
-            assert reg.get_sample_value(metric, {"rank": "3", "device": "cuda:0"}) == stats[key]
-    frag = reg.get_sample_value("memexporter_allocator_fragmentation_ratio", {"rank": "3", "device": "cuda:0"})
-    assert frag is not None and 0 <= frag <= 1
+def test_synthetic_set_is_complete_and_current() -> None:
+    assert sorted(p.stem for p in SYNTHETIC_DIR.glob("*.json")) == sorted(FIXTURES)
+    for name in FIXTURES:
+        assert (SYNTHETIC_DIR / f"{name}.json").read_text() == render(name), (
+            f"{name}.json differs from tests/support/synthetic_fixtures.py: rerun python -m tests.support.synthetic_fixtures")
+
+
+@pytest.mark.parametrize("path", SYNTHETIC)
+def test_synthetic_fixture_says_so_and_has_torchs_key_set(path: Path) -> None:
+    record = load(path)
+    assert record["synthetic"] is True and record["provenance"].startswith("SYNTHETIC, not measured on a GPU")
+    assert "recorded" not in record, "a synthetic fixture never claims a recording"
+    stats = record["answers"]["devices"]["0"]["memory_stats"]
+    if "raises" in stats:
+        return
+    version = record["answers"]["torch_version"].split("+")[0].rsplit(".", 1)[0]
+    keys = {k for k in stats if not k.startswith(PRIVATE_POOLS)}
+    assert keys == set(flatten(nested(version, {}, {}))) - {PRIVATE_POOLS}
+    assert len(stats) >= 100
+
+
+@pytest.mark.parametrize("path", RECORDED)
+def test_recorded_fixture_names_its_gpu_and_torch(path: Path) -> None:
+    record = load(path)
+    assert record["synthetic"] is False
+    rec = record["recorded"]
+    assert rec["device_name"] and rec["torch_version"] and rec["recorded_by"], "a recorded fixture names its GPU and torch"
+    assert rec["torch_version"] == record["answers"]["torch_version"]
+
+
+@pytest.mark.parametrize("path", SYNTHETIC + RECORDED)
+def test_memory_stats_are_self_consistent(path: Path) -> None:
+    answers = load(path)["answers"]
+    for dev in answers["devices"].values():
+        stats = dev["memory_stats"]
+        if "raises" not in stats:
+            assert inconsistencies(stats, answers["allocator_backend"] or "native") == []
+            assert torch_version_of(stats) != "unknown" or not path.is_relative_to(SYNTHETIC_DIR)
+
+
+@pytest.mark.parametrize("path", SYNTHETIC + RECORDED)
+def test_answers_map_to_the_contract_series(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    check_mapping(monkeypatch, load(path)["answers"])
+
+
+def test_consistency_check_can_fail() -> None:
+    stats = load(SYNTHETIC_DIR / "a100_torch2.13_fraction.json")["answers"]["devices"]["0"]["memory_stats"]
+    broken = {**stats, "active_bytes.large_pool.current": stats["reserved_bytes.large_pool.current"] + 1}
+    assert "large_pool: not allocated <= active <= reserved" in inconsistencies(broken, "native")
+    assert inconsistencies({**stats, "num_ooms": 1}, "cudaMallocAsync") != []

@@ -17,7 +17,7 @@ from tests.support import REPO_ROOT
 from tests.support.promql import metric_names
 
 ALERTS_DIR = REPO_ROOT / "alerts"
-COMMITTED = {"default": ALERTS_DIR / "memexporter.rules.yml", "demo": ALERTS_DIR / "memexporter.demo.rules.yml"}
+COMMITTED = {"default": ALERTS_DIR / "memexporter.rules.yml"}
 RUNBOOK = ALERTS_DIR / "runbook.md"
 
 # DESIGN.md section 5, "Alert names (contract)".
@@ -25,8 +25,12 @@ CONTRACT_ALERTS = (
     "MemexporterOOMPredicted", "MemexporterOOMImminent", "MemexporterMemoryLeak", "MemexporterAllocatorThrashing",
     "MemexporterOOMOccurred", "MemexporterFragmentationHigh", "MemexporterRankImbalance", "MemexporterCollectorFailing",
 )
-# The rules may read any series in the spec table (the single source of truth), or their own records.
-RULE_INPUTS = frozenset(BY_NAME)
+# Additions to the contract (DESIGN.md allows new alerts): issue 9's fatal OOM.
+ADDED_ALERTS = ("MemexporterFatalOOMSuspected",)
+ALL_ALERTS = CONTRACT_ALERTS + ADDED_ALERTS
+# The rules may read any series in the spec table (the single source of truth), their own records,
+# and Prometheus' own `up` (MemexporterFatalOOMSuspected tells a dead target from a failing collector).
+RULE_INPUTS = frozenset(BY_NAME) | {"up"}
 # Metric names inside the annotations' template queries: {{ with printf "name{..." ... | query }}.
 TEMPLATE_QUERY = re.compile(r'printf "([A-Za-z_:][\w:]*)\{')
 RECORD_NAME = re.compile(r"[a-z_]+:[a-z_]+:[a-z0-9_]+")
@@ -46,6 +50,14 @@ DEFAULT = rules.render()
 ALERTS = alerts(DEFAULT)
 
 
+def test_alerts_folder_holds_only_the_default_rendering() -> None:
+    # DESIGN.md section 5: `rule_files: ["alerts/*.yml"]` must load the default rules and nothing
+    # else. Presets are rendered where they are used; the Alertmanager example is in alertmanager/.
+    assert sorted(p.name for p in ALERTS_DIR.glob("*.yml")) == ["memexporter.rules.yml"]
+    assert sorted(p.name for p in ALERTS_DIR.glob("*.yaml")) == []
+    assert (REPO_ROOT / "alertmanager" / "alertmanager.example.yml").is_file()
+
+
 @pytest.mark.parametrize("preset", sorted(COMMITTED))
 def test_committed_files_are_the_rendering(preset: str) -> None:
     path = COMMITTED[preset]
@@ -60,10 +72,10 @@ def test_presets_are_the_dataclass_presets() -> None:
 
 
 def test_contract_alerts_exist_and_nothing_else() -> None:
-    assert sorted(ALERTS) == sorted(CONTRACT_ALERTS)
+    assert sorted(ALERTS) == sorted(ALL_ALERTS)
 
 
-@pytest.mark.parametrize("name", CONTRACT_ALERTS)
+@pytest.mark.parametrize("name", ALL_ALERTS)
 def test_alert_is_complete(name: str) -> None:
     rule = ALERTS[name]
     assert rule["labels"]["severity"] == ("critical" if name == "MemexporterOOMImminent" else "warning")
@@ -79,7 +91,7 @@ def test_alert_is_complete(name: str) -> None:
     assert "$value" in ann["description"]
 
 
-@pytest.mark.parametrize("name", CONTRACT_ALERTS)
+@pytest.mark.parametrize("name", ALL_ALERTS)
 def test_runbook_has_a_section_per_alert(name: str) -> None:
     # GitHub's anchor for "## MemexporterOOMPredicted" is #memexporteroompredicted.
     headings = {line[3:].strip().lower() for line in RUNBOOK.read_text(encoding="utf-8").splitlines()
@@ -97,7 +109,7 @@ def test_runbook_names_only_existing_metrics_and_rules() -> None:
     assert named <= known, sorted(named - known)
 
 
-@pytest.mark.parametrize("preset", sorted(COMMITTED))
+@pytest.mark.parametrize("preset", sorted(rules.PRESETS))
 def test_rules_read_only_exported_metrics_or_their_own_records(preset: str) -> None:
     text = rules.render(preset)
     records = {r["record"] for r in load(text) if "record" in r}
@@ -240,3 +252,56 @@ def test_cli_peer_labels_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         main(["rules", "--peer-labels", "job,run-id"])
     assert info.value.code == 2
     assert "'run-id'" in capsys.readouterr().err
+
+
+# --- the selector: PromQL label matchers, checked before anything is rendered ---------------------
+
+GOOD_SELECTORS = [
+    'job="trainer"', 'namespace="ml",job=~"trainer-.*"', ' job = "a" , rank != \'0\' ,', "job=~`trainer-\\d+`",
+    'job=~"trainer-\\\\d+"', 'job="say \\"hi\\""', "job='it\\'s'", 'job!~"", cluster="a"', 'job="\\u00e9\\x41\\101"',
+]
+BAD_SELECTORS = [
+    ("job=foo", 'the value of job must be a quoted string, e.g. job="foo"'),
+    ('job="a" rank="0"', "matchers are separated by commas"),
+    ('{job="a"}', "without braces"),
+    ("job", "job must be followed by one of =~, !~, !=, ="),
+    ('job=="a"', "'==' is not a matcher operator"),
+    ('job="trainer', 'has no closing "'),
+    ('job=~"trainer-\\d+"', "unknown escape sequence '\\\\d'"),
+    ("job='a\\\"'", "unknown escape sequence"),
+    ('job="a",,', "',' does not start with a label name"),
+    ('1job="a"', "does not start with a label name"),
+    ('__name__="up"', "__name__ is reserved"),
+    ("", "it is empty"),
+    ("  ", "it is empty"),
+]
+
+
+@pytest.mark.parametrize("selector", GOOD_SELECTORS)
+def test_good_selectors_render_into_every_series(selector: str) -> None:
+    text = rules.render(selector=selector)
+    for rule in load(text):
+        for name in metric_names(rule["expr"]):
+            if name.startswith("memexporter_") or ":" in name:
+                assert name + "{" + selector + "}" in rule["expr"], f"{rule.get('record') or rule['alert']}: {name}"
+
+
+@pytest.mark.parametrize(("selector", "why"), BAD_SELECTORS, ids=[s or "empty" for s, _ in BAD_SELECTORS])
+def test_bad_selectors_are_a_clear_error(selector: str, why: str) -> None:
+    with pytest.raises(ValueError) as info:
+        rules.render(selector=selector)
+    message = str(info.value)
+    assert f"selector {selector!r} is not a PromQL label-matcher list" in message
+    assert why in message
+
+
+def test_cli_rejects_an_unquoted_selector(capsys: pytest.CaptureFixture[str]) -> None:
+    from memexporter.cli import main
+
+    # The operator's typo from issue 9: this used to render rules that promtool refuses.
+    with pytest.raises(SystemExit) as info:
+        main(["rules", "--selector", "job=foo"])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert 'the value of job must be a quoted string, e.g. job="foo"' in captured.err

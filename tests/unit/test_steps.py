@@ -3,13 +3,17 @@ Backends are fakes (SYNTHETIC numbers); the optimizer hooks are torch's real glo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
 
+import memexporter
 from memexporter.tracking import steps
+from memexporter.tracking.modules import track
 from memexporter.tracking.steps import StepTracker
 from tests.unit.fakes import FakeCuda, FakeHost, MiB
 
@@ -37,7 +41,7 @@ def tracker(host: ScriptedHost) -> StepTracker:
 
 def last(t: StepTracker) -> tuple[float, float]:
     pts = t.snapshot().devices["cpu"]
-    return pts.baselines[-1], pts.peaks[-1]
+    return pts.last_baseline or 0.0, pts.last_peak or 0.0
 
 
 def test_peak_is_exact_when_high_water_rises() -> None:
@@ -69,12 +73,16 @@ def test_peak_never_below_either_boundary() -> None:
     assert last(t) == (90 * MiB, 130 * MiB)
 
 
-def test_failures_are_counted_not_raised() -> None:
+def test_failures_are_counted_not_raised_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     host = ScriptedHost(fail=True)
     t = tracker(host)
-    t.step()
-    t.sample()
-    assert t.errors == 2
+    with caplog.at_level(logging.ERROR, logger="memexporter"):
+        t.step()
+        t.sample()
+        t.step()
+    assert t.errors == 3
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]  # once, with its traceback
+    assert "synthetic failure" in str(record.exc_info[1] if record.exc_info else None)
 
 
 def test_window_is_bounded() -> None:
@@ -117,17 +125,46 @@ def test_several_optimizers_count_one_step_per_iteration(active: StepTracker) ->
     assert active.steps == 4
 
 
-def test_manual_step_turns_off_detection(active: StepTracker) -> None:
+class _NestedSGD(torch.optim.SGD):
+    """A custom optimizer that delegates to its parent: torch wraps both classes' step(), so the
+    global hooks run twice per call (pre, pre, post, post)."""
+
+    def step(self, closure: Any = None) -> Any:
+        return super().step(closure)
+
+
+def test_a_subclass_step_calling_super_counts_once(active: StepTracker) -> None:
+    model = torch.nn.Linear(8, 8)
+    torch.optim.SGD(model.parameters(), lr=0.1)  # SGD.step is wrapped (and hooked) first
+    opt = _NestedSGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        _train(opt, model)
+    assert active.steps == 3
+
+
+def test_a_step_that_raised_does_not_stop_the_next_from_counting(active: StepTracker) -> None:
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     _train(opt, model)
-    for _ in range(3):  # gradient accumulation: three micro-batches, one step of the user's
-        steps.step()
+    with pytest.raises(RuntimeError, match="closure"):
+        opt.step(closure=lambda: (_ for _ in ()).throw(RuntimeError("closure")))  # pre hook ran, post never
+    _train(opt, model)
+    assert active.steps == 2
+
+
+def test_manual_step_turns_off_detection(active: StepTracker) -> None:
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train(opt, model)  # detected
+    for _ in range(3):  # two optimizer steps per step of the user's
+        memexporter.step()
         _train(opt, model)
+        _train(opt, model)
+    # Detection alone would count 1 + 6, both together 1 + 3 + 6.
     assert active.steps == 1 + 3
 
 
-def test_hooks_removed_on_deactivate() -> None:
+def test_a_deactivated_tracker_counts_nothing() -> None:
     t = tracker(ScriptedHost())
     steps.activate(t, auto_step=True)
     steps.activate(None, auto_step=False)
@@ -167,30 +204,103 @@ def test_steady_state_peak_estimated_from_the_last_exact_excursion() -> None:
     assert last(t) == (150 * MiB, 400 * MiB)
 
 
-def test_stop_from_another_thread_while_training_never_raises_into_step() -> None:
-    # The global hooks stay registered; activate() only swaps the tracker, so torch's hook dicts
-    # are never mutated while Optimizer.step iterates them.
-    import threading
+def test_stop_and_start_in_the_middle_of_an_optimizer_step_never_raise_into_it() -> None:
+    # The worst moment for a stop() or start() from another thread: while Optimizer.step iterates
+    # torch's global hook dicts. Adding or removing a hook then raises "OrderedDict mutated during
+    # iteration" into training, so activate() only swaps the tracker. A thread cannot hit that
+    # window reliably; a user's own global hooks run exactly inside it.
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-    other = register_optimizer_step_pre_hook(lambda *a: None)  # a user's own global hook
+    steps.activate(tracker(ScriptedHost()), auto_step=True)  # our hooks are installed by now
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    stop = threading.Event()
-
-    def flip() -> None:
-        while not stop.is_set():
-            steps.activate(tracker(ScriptedHost()), auto_step=True)
-            steps.activate(None, auto_step=False)
-
-    flipper = threading.Thread(target=flip)
-    flipper.start()
+    stops = register_optimizer_step_pre_hook(lambda *a: steps.activate(None, auto_step=False))
+    starts = register_optimizer_step_post_hook(lambda *a: steps.activate(tracker(ScriptedHost()), auto_step=True))
     try:
-        for _ in range(300):
+        for _ in range(3):
             _train(opt, model)
     finally:
-        stop.set()
-        flipper.join()
-        other.remove()
+        stops.remove()
+        starts.remove()
         steps.activate(None, auto_step=False)
+
+
+@pytest.fixture
+def flat_mark() -> Iterator[tuple[StepTracker, ScriptedHost]]:
+    """An active tracker whose high-water mark never moves: step peaks come from samples only."""
+    host = ScriptedHost(hwm=500 * MiB)
+    t = tracker(host)
+    steps.activate(t, auto_step=True)
+    yield t, host
+    steps.activate(None, auto_step=False)
+
+
+def test_the_moment_before_an_optimizer_step_is_a_peak_sample(flat_mark: tuple[StepTracker, ScriptedHost]) -> None:
+    t, host = flat_mark
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def gradients_freed(*args: object) -> None:  # runs after step(), before the global post-hook
+        host.used = 120 * MiB
+
+    opt.register_step_post_hook(gradients_freed)
+    for _ in range(2):  # the first boundary only starts the device's window
+        model(torch.randn(4, 8)).sum().backward()
+        host.used = 150 * MiB  # gradients alive: the pre-step sample sees this
+        opt.step()
+    assert last(t) == (120 * MiB, 150 * MiB)
+
+
+def test_the_end_of_a_tracked_forward_is_a_peak_sample(flat_mark: tuple[StepTracker, ScriptedHost]) -> None:
+    t, host = flat_mark
+
+    class Spiky(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            host.used = 200 * MiB  # activations at their largest when the forward ends
+            return super().forward(x)
+
+    model = Spiky(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with track(model, opt):
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+            host.used = 120 * MiB  # freed by backward, before the optimizer step
+            opt.step()
+    assert last(t) == (120 * MiB, 200 * MiB)
+
+
+def test_a_stopped_exporter_forgets_the_manual_mode() -> None:
+    # A new start() after stop() detects optimizer steps again, whatever the last run did.
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps.activate(tracker(ScriptedHost()), auto_step=True)
+    memexporter.step()  # manual mode on
+    steps.activate(None, auto_step=False)
+    fresh = tracker(ScriptedHost())
+    steps.activate(fresh, auto_step=True)
+    try:
+        _train(opt, model)
+        assert fresh.steps == 1
+    finally:
+        steps.activate(None, auto_step=False)
+
+
+def test_a_second_optimizers_step_end_is_a_peak_sample(flat_mark: tuple[StepTracker, ScriptedHost]) -> None:
+    # A GAN: the first optimizer to step marks the boundary; the other's step end is a sample.
+    t, host = flat_mark
+    g, d = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+
+    def generator_state_peaks(*args: object) -> None:  # after opt_g.step(), before the global post-hook
+        host.used = 300 * MiB
+
+    opt_g.register_step_post_hook(generator_state_peaks)
+    for _ in range(2):
+        host.used = 120 * MiB
+        _train(opt_d, d)  # the boundary (first seen stepping)
+        _train(opt_g, g)
+    host.used = 120 * MiB
+    _train(opt_d, d)
+    assert t.steps == 3
+    assert last(t) == (120 * MiB, 300 * MiB)
+

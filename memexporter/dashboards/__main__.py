@@ -1,0 +1,3 @@
+from memexporter.dashboards.cli import main
+
+raise SystemExit(main())

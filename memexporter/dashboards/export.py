@@ -1,0 +1,74 @@
+"""``memexporter dashboards``: the Grafana dashboards from an installed package, no checkout needed.
+
+    memexporter dashboards --output /var/lib/grafana/dashboards/memexporter   # JSON files
+    memexporter dashboards --format configmap --namespace monitoring > dashboards.yaml
+
+The JSON is what ``grafana/dashboards/`` holds (``cli.py`` writes those files in a checkout); the
+ConfigMaps carry the Grafana sidecar's label (``memexporter.kube``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from memexporter import kube
+from memexporter.dashboards.grafana import render
+from memexporter.dashboards.panels import build
+
+FORMATS = ("json", "configmap")
+
+
+def rendered() -> dict[str, str]:
+    """``{file name: JSON text}`` for every dashboard, exactly as committed under grafana/dashboards/."""
+    return {name: render(dash) for name, dash in build().items()}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memexporter dashboards",
+        description="Write the memexporter Grafana dashboards as JSON files (for Grafana's file provisioning) "
+        "or print them as ConfigMaps for the Grafana chart's dashboard sidecar.")
+    parser.add_argument("--format", choices=FORMATS, default="json",
+                        help="json: one file per dashboard into --output DIR; configmap: a YAML stream of "
+                        "ConfigMaps (default: %(default)s)")
+    parser.add_argument("--output", metavar="PATH", type=Path,
+                        help="json: the folder to write into (created); configmap: a file (default: stdout)")
+    kube.add_metadata_arguments(parser)
+    parser.add_argument("--sidecar-label", default=kube.SIDECAR_LABEL, metavar="KEY=VALUE",
+                        help="the label the sidecar looks for: the chart's sidecar.dashboards.label and "
+                        "labelValue (default: %(default)s)")
+    parser.add_argument("--annotation", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra metadata annotation, repeatable, e.g. the sidecar's folderAnnotation")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    files = rendered()
+    try:
+        if args.format == "json":
+            if args.output is None:
+                raise ValueError("memexporter: --format json writes one file per dashboard: name a folder "
+                                 "with --output DIR (or print ConfigMaps with --format configmap)")
+            if args.namespace or args.label or args.annotation or args.sidecar_label != kube.SIDECAR_LABEL:
+                raise ValueError("memexporter: --namespace, --label, --annotation and --sidecar-label "
+                                 "apply to --format configmap")
+            if args.output.exists() and not args.output.is_dir():
+                raise ValueError(f"memexporter: --output {str(args.output)!r} exists and is not a folder")
+            args.output.mkdir(parents=True, exist_ok=True)
+            for name, text in sorted(files.items()):
+                (args.output / name).write_text(text, encoding="utf-8")
+            print(f"wrote {len(files)} dashboards to {args.output}: {', '.join(sorted(files))}", file=sys.stderr)
+            return 0
+        text = kube.dashboard_configmaps(files, args.namespace, kube.parse_pairs(args.label),
+                                         kube.parse_pairs(args.annotation, "annotation"), args.sidecar_label)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text, encoding="utf-8")
+    return 0

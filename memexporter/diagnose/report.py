@@ -1,0 +1,78 @@
+"""The ``/debug/memory`` document: the latest findings plus the OOM view, as JSON-ready data.
+
+Built on the thread that asks (the HTTP thread, or the training thread for a pre-mortem) from
+published state only: the latest ``Findings`` and the step tracker's snapshot, never a live
+tensor, and without waiting on the training loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from memexporter.diagnose.findings import to_json
+from memexporter.scrape import Scrape, Sources
+from memexporter.trend import TrendEstimate, estimate
+
+if TYPE_CHECKING:
+    from memexporter.diagnose.engine import Diagnosis
+
+DEFAULT_TOP = 50
+
+
+def _finite(x: float) -> float | None:
+    # JSON has no Infinity: +Inf (not growing) becomes null.
+    return x if math.isfinite(x) else None
+
+
+def estimates(sources: Sources, limits: dict[str, float] | None = None) -> dict[str, TrendEstimate]:
+    """The in-process leak estimate per device (trend.py), against ``limits`` when given."""
+    if sources.steps is None:
+        return {}
+    snap = sources.steps.snapshot()
+    return {d: estimate(points, (limits or {}).get(d)) for d, points in snap.devices.items()}
+
+
+def oom_view(sources: Sources) -> dict[str, dict[str, Any]]:
+    """Per device: used, limit (null: unknown), utilisation, leak rates, OOM ETA (null: not growing or
+    no limit), peak, baseline."""
+    views = Scrape(sources).views
+    ests = estimates(sources, {d: v.limit for d, v in views.items() if v.limit is not None})
+    out: dict[str, dict[str, Any]] = {}
+    for device, view in views.items():
+        est = ests.get(device)
+        out[device] = {
+            "used_bytes": view.used, "limit_bytes": view.limit,
+            "utilisation": view.used / view.limit if view.limit else None,  # None: limit unknown
+            "leak_bytes_per_step": est.leak_bytes_per_step if est else 0.0,
+            "leak_bytes_per_second": est.leak_bytes_per_second if est else 0.0,
+            "oom_eta_seconds": _finite(est.oom_eta_seconds) if est else None,
+            "peak_bytes": est.peak_bytes if est else None,
+            "baseline_bytes": est.baseline_bytes if est else None,
+        }
+    return out
+
+
+def document(diagnosis: Diagnosis, top: int = DEFAULT_TOP) -> dict[str, Any]:
+    """Everything ``/debug/memory`` answers; ``census`` is null until the first census."""
+    sources = diagnosis.sources
+    tracker = sources.steps
+    doc: dict[str, Any] = {
+        "rank": sources.rank, "pid": os.getpid(), "unix_time": time.time(),
+        "step": tracker.steps if tracker is not None else 0,
+        "census_every": diagnosis.every, "errors": diagnosis.errors,
+    }
+    findings = diagnosis.findings
+    if findings is None:
+        doc.update({"census": None, "growth": [], "autograd": [], "history": [],
+                    "next_census_step": diagnosis.next_step})
+    else:
+        doc.update(to_json(findings, top))
+        doc["census"]["age_seconds"] = max(0.0, time.time() - findings.census.unix_time)
+    try:
+        doc["oom"] = oom_view(sources)
+    except Exception as exc:  # the census part is still worth serving
+        doc["oom"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return doc

@@ -1,0 +1,5 @@
+import sys
+
+from memexporter.rules.cli import main
+
+sys.exit(main())

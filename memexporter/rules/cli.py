@@ -1,0 +1,43 @@
+"""``memexporter rules``: print (or write) the rendered rules."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from memexporter import kube
+from memexporter.rules.params import PRESETS, SEVERITIES, RulesConfig
+from memexporter.rules.rendering import render
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``memexporter rules``: print (or write) the rendered rules."""
+    parser = argparse.ArgumentParser(
+        prog="memexporter rules", description="Print the memexporter Prometheus recording and alerting rules.")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                        help="parameter set (default: %(default)s)")
+    default_selector = RulesConfig.selector.replace("%", "%%")  # argparse %-formats help texts
+    parser.add_argument("--selector", help="PromQL label matchers for every series, comma-separated, values "
+                        f"quoted: e.g. 'job=\"trainer\"' or 'namespace=\"ml\",job=~\"trainer-.*\"' "
+                        f"(default: {default_selector})")
+    parser.add_argument("--critical-severity", choices=SEVERITIES, help="severity of MemexporterOOMImminent "
+                        "(warning: never page)")
+    parser.add_argument("--peer-labels", metavar="LABELS",
+                        help="comma-separated labels that name one training run; MemexporterRankImbalance "
+                        "compares the ranks that share them, and a label a series lacks counts as empty "
+                        f"(default: {RulesConfig.peer_labels.replace(' ', '')})")
+    parser.add_argument("--runbook-url", help="base URL of runbook.md; the anchor #<alertname lowercased> is appended")
+    parser.add_argument("--output", metavar="FILE", help="write to FILE instead of stdout")
+    kube.add_rules_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        text = render(args.preset, args.selector, args.critical_severity, args.runbook_url, args.peer_labels)
+        text = kube.rules_output(text, args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0

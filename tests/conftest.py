@@ -1,0 +1,30 @@
+"""Suite-wide set-up: progress lines for the slow tests (``tests/support/progress.py``), and one
+compute thread per process when the tests run in parallel."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.support.progress import Progress
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Several workers, each starting demos and torchrun children, on a machine with few cores:
+    # with OpenMP's default of one thread per core every process spins on every core, and a
+    # demo that should step 5 times a second crawls. One thread each (before torch is imported
+    # here, and inherited by every child) keeps them from fighting. A user's setting wins.
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+
+# Started as a background job of a non-interactive shell (`cmd &` in a CI script), the whole suite
+# would inherit SIGINT ignored, and so would every process it starts: the tests that press Ctrl-C
+# on a command (`memexporter sweep`, the demo) would wait for nothing. Take the default back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(Progress(config), "memexporter-progress")

@@ -1,0 +1,199 @@
+"""The /debug endpoints on the started exporter, over real HTTP on loopback (real torch on CPU):
+off by default, loopback-only unless allowed, the JSON schema with a real leak in it, the CUDA
+snapshot's answer on a CPU job, and an answer while the training loop is stuck."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+import torch
+from prometheus_client import make_wsgi_app
+from torch import nn
+
+import memexporter
+from memexporter.server import router
+from memexporter.tracking import steps
+from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_around")]
+
+
+def get(url: str, method: str = "GET") -> tuple[int, str, bytes]:
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+def call(app: Any, path: str, peer: str, method: str = "GET") -> tuple[str, bytes]:
+    """The served WSGI app, called with ``peer`` as the connection's address."""
+    seen: list[str] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+        seen.append(status)
+
+    body: Iterable[bytes] = app({"PATH_INFO": path, "REQUEST_METHOD": method, "REMOTE_ADDR": peer,
+                                 "QUERY_STRING": ""}, start_response)
+    return seen[0], b"".join(body)
+
+
+class Trainer:
+    def __init__(self) -> None:
+        self.model = nn.Linear(16, 16)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.kept: list[torch.Tensor] = []
+
+    def step(self) -> None:
+        self.model(torch.randn(4, 16)).sum().backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        self.kept.append(torch.ones(1, 4099))
+
+
+def test_off_by_default() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    base = f"http://127.0.0.1:{exp.port}"
+    assert get(base + "/debug/memory")[0] == 404
+    assert get(base + "/debug/snapshot")[0] == 404
+    assert b"debug" not in get(base + "/")[2]
+    assert exp.diagnostics is None
+
+
+def test_memory_document_names_the_growing_group_and_its_holder() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1", debug=True, census_every=2, census_budget=1)
+    base = f"http://127.0.0.1:{exp.port}"
+    status, ctype, body = get(base + "/debug/memory")
+    doc = json.loads(body)
+    assert (status, ctype) == (200, "application/json")
+    assert doc["census"] is None and doc["growth"] == [] and doc["next_census_step"] == 2
+    trainer = Trainer()
+    for _ in range(12):
+        trainer.step()
+    doc = json.loads(get(base + "/debug/memory?top=5")[2])
+    assert doc["step"] == 12 and doc["census"]["step"] == 12 and len(doc["census"]["groups"]) == 5
+    sizes = [g["bytes"] for g in doc["census"]["groups"]]
+    assert sizes == sorted(sizes, reverse=True)
+    top = doc["growth"][0]
+    assert {k: top[k] for k in ("device", "dtype", "shape", "kind", "count_per_step", "bytes_per_step", "held_by")} == {
+        "device": "cpu", "dtype": "float32", "shape": [1, 4099], "kind": "other", "count_per_step": 1.0,
+        "bytes_per_step": 4099 * 4.0, "held_by": ["Trainer.kept (list)"]}
+    assert doc["oom"]["cpu"]["used_bytes"] > 0 and doc["oom"]["cpu"]["limit_bytes"] > doc["oom"]["cpu"]["used_bytes"]
+    landing = get(base + "/")[2]
+    assert b'href="debug/memory"' in landing and b'href="debug/snapshot"' in landing
+    assert get(base + "/debug/memory", method="HEAD")[:1] == (200,)
+
+
+@pytest.mark.parametrize(
+    ("peer", "allow", "status"),
+    [
+        ("10.1.2.3", None, "403 Forbidden"),
+        ("127.0.0.1", None, "200 OK"),
+        ("::1", None, "200 OK"),
+        ("::ffff:127.0.0.1", None, "200 OK"),  # an IPv4 peer on a dual-stack socket
+        ("10.1.2.3", "10.0.0.0/8", "200 OK"),
+        ("10.1.2.3", "192.168.0.0/16, fd00::/8", "403 Forbidden"),
+        ("fd00::7", "192.168.0.0/16, fd00::/8", "200 OK"),
+        ("", None, "403 Forbidden"),
+        ("not-an-address", "0.0.0.0/0", "403 Forbidden"),
+    ],
+)
+def test_peers_outside_loopback_and_the_allowed_networks_get_403(peer: str, allow: str | None, status: str) -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1", debug=True, debug_allow=allow)
+    assert exp.diagnostics is not None
+    # The router as the server runs it, with the exporter's own debug routes behind their check.
+    app = router(make_wsgi_app(exp.registry), "memexporter", exp.diagnostics.routes)
+    for path in ("/debug/memory", "/debug/snapshot"):
+        got, body = call(app, path, peer)
+        if status.startswith("403"):
+            assert got == status and b"MEMEXPORTER_DEBUG_ALLOW" in body
+        else:
+            assert got != "403 Forbidden"
+    assert call(app, "/metrics", peer)[0] == "200 OK"  # /metrics stays open to everyone
+
+
+def test_snapshot_on_a_cpu_job_says_why_there_is_none() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1", debug=True)
+    status, ctype, body = get(f"http://127.0.0.1:{exp.port}/debug/snapshot")
+    assert status == 409 and ctype.startswith("text/plain") and b"no CUDA allocator in use" in body
+
+
+def test_memory_answers_while_the_training_loop_is_stuck() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1", debug=True, census_every=1, census_budget=1)
+    memexporter.step()
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck_in_the_step(step: int) -> None:  # the training loop hangs at step 2, after its census
+        entered.set()
+        release.wait(30)
+
+    assert exp.sources.steps is not None
+    exp.sources.steps.add_boundary_callback(stuck_in_the_step)
+    stuck = threading.Thread(target=steps.step, daemon=True)
+    stuck.start()
+    try:
+        assert entered.wait(30)
+        started = time.monotonic()
+        status, _, body = get(f"http://127.0.0.1:{exp.port}/debug/memory")
+        took = time.monotonic() - started
+        assert status == 200 and json.loads(body)["census"]["step"] == 2 and stuck.is_alive()
+        assert took < 5, f"/debug/memory took {took:.1f} s while the training loop was stuck"
+    finally:
+        release.set()
+        stuck.join(10)
+
+
+def test_stop_unhooks_the_census() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1", debug=True, census_every=1)
+    diagnostics = exp.diagnostics
+    assert diagnostics is not None
+    exp.stop()
+    memexporter.step()
+    assert diagnostics.diagnosis.closed and diagnostics.diagnosis.findings is None
+
+
+def test_memory_answers_from_the_last_census_while_the_next_one_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memexporter.diagnose import census
+
+    exp = memexporter.start(port=0, addr="127.0.0.1", debug=True, census_every=1, census_budget=1)
+    memexporter.step()
+    real_take, entered, release = census.take, threading.Event(), threading.Event()
+
+    def hanging_take(step: int, previous: Any) -> Any:
+        entered.set()
+        release.wait(30)
+        return real_take(step, previous)
+
+    monkeypatch.setattr(census, "take", hanging_take)
+    stuck = threading.Thread(target=steps.step, daemon=True)
+    stuck.start()
+    try:
+        assert entered.wait(30)
+        status, _, body = get(f"http://127.0.0.1:{exp.port}/debug/memory")
+        assert status == 200 and json.loads(body)["census"]["step"] == 1 and stuck.is_alive()
+    finally:
+        release.set()
+        stuck.join(10)
+
+
+def test_a_failing_document_is_a_500_that_says_why_not_a_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    from memexporter.diagnose import http
+
+    def broken(diagnosis: Any, top: int) -> Any:
+        raise ValueError("Out of range float values are not JSON compliant")
+
+    exp = memexporter.start(port=0, addr="127.0.0.1", debug=True)
+    monkeypatch.setattr(http, "document", broken)
+    status, _, body = get(f"http://127.0.0.1:{exp.port}/debug/memory")
+    assert status == 500 and b"ValueError: Out of range float" in body
+    assert get(f"http://127.0.0.1:{exp.port}/metrics")[0] == 200
+    assert "Traceback" not in capfd.readouterr().err  # nothing on the job's stderr per request

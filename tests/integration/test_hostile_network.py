@@ -1,0 +1,208 @@
+"""A hostile network against the exporter inside a training process: trickling clients, port
+scans, bursts, idle connections across stop(), a low descriptor limit. The exporter runs on
+loopback, in this process or in a child whose stderr and descriptors the test inspects."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import memexporter
+from memexporter.serving import listener
+from tests.support.hostile import burst, open_fds, reset_connection, trickle
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.usefixtures("no_exporter")
+
+
+def scrape(port: int, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
+        return r.read().decode()
+
+
+def dropped(body: str) -> dict[str, float]:
+    return {m[0]: float(m[1]) for m in re.findall(
+        r'memexporter_http_dropped_connections_total\{rank="0",reason="(\w+)"\} (\S+)', body)}
+
+
+def server_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("memexporter-http"))
+
+
+@pytest.mark.slow
+def test_trickling_clients_are_cut_at_the_deadline_and_never_hold_a_thread_each() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    assert exp.port is not None
+    peak_threads, scrape_s = 0, []
+    done = threading.Event()
+
+    def watch() -> None:  # what the server costs while 100 clients trickle, and whether it still serves
+        nonlocal peak_threads
+        while not done.is_set():
+            peak_threads = max(peak_threads, server_threads())
+            t0 = time.monotonic()
+            scrape(exp.port or 0)
+            scrape_s.append(time.monotonic() - t0)
+            done.wait(0.5)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        clients = trickle(exp.port, count=100, interval=0.5, duration=listener.DEADLINE + 8)
+    finally:
+        done.set()
+        watcher.join()
+    held = [c.closed_at - c.opened if c.closed_at is not None else float("inf") for c in clients]
+    assert max(held) <= listener.DEADLINE + 3, f"a trickling client held its connection {max(held):.1f} s"
+    # The acceptor and at most WORKERS answering scrapes: never one thread per client.
+    assert peak_threads <= listener.WORKERS + 1, peak_threads
+    assert scrape_s and max(scrape_s) < 3.0, f"scrapes during the trickle took up to {max(scrape_s):.1f} s"
+    counts = dropped(scrape(exp.port))
+    assert counts["timeout"] + counts["evicted"] >= 100, counts
+
+
+@pytest.mark.slow
+def test_with_a_low_file_limit_trickling_clients_never_take_the_jobs_descriptors(tmp_path: Path) -> None:
+    # The issue's case: RLIMIT_NOFILE 256, a job holding 150 files (say, dataset shards) and
+    # opening one more each step, 300 trickling clients. Before, they took every descriptor
+    # left: the job's open() failed with EMFILE and /metrics stopped answering.
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent("""
+        import json, os, resource, sys, time
+        import torch
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        import memexporter
+        shards = [open(os.devnull) for _ in range(150)]
+        exp = memexporter.start(port=0, addr="127.0.0.1")
+        print(exp.port, len(os.listdir("/proc/self/fd")), flush=True)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        steps = failures = most = 0
+        end = time.monotonic() + float(sys.argv[1])
+        while time.monotonic() < end:
+            model(torch.randn(16, 32)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            try:
+                with open(__file__) as f:  # the job's own I/O, every step
+                    f.read(1)
+            except OSError:
+                failures += 1
+            most = max(most, len(os.listdir("/proc/self/fd")))
+            steps += 1
+            time.sleep(0.01)
+        print(json.dumps({"steps": steps, "failures": failures, "most_fds": most}), flush=True)
+    """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(job), "14"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        port, base_fds = (int(x) for x in proc.stdout.readline().split())
+        clients = trickle(port, count=300, interval=1.0, duration=6)
+        if len(clients) < 300:
+            proc.kill()
+            out, err = proc.communicate(timeout=60)
+            pytest.fail(f"the server stopped taking connections after {len(clients)}; the job exited with "
+                        f"{proc.returncode}: {out[-500:]} {err[-1500:]}")
+        body = scrape(port)  # still answering while the clients trickle
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    report = json.loads(out.splitlines()[-1])
+    assert report["failures"] == 0, f"the job's open() failed {report['failures']} times: {report}"
+    assert report["steps"] > 0
+    cap, _ = listener.limits(256)
+    # Three of the exporter's own (listening socket, wake-up pipe) are in base_fds already.
+    assert report["most_fds"] <= base_fds + cap + 2, (report, base_fds, cap)
+    assert 'memexporter_collector_success{collector="host",rank="0"} 1.0' in body
+    assert any(c.closed_at is not None for c in clients)
+    assert err == "", err
+
+
+def test_port_scans_resets_and_idle_clients_leave_nothing_on_stderr(tmp_path: Path) -> None:
+    # A connect-then-reset (a port scanner), a reset in mid-request and a connection closed
+    # before its request each printed a socketserver traceback on the job's stderr before.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import memexporter, sys; e = memexporter.start(port=0, addr='127.0.0.1'); "
+                               "print(e.port, flush=True); sys.stdin.read(); e.stop()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        for i in range(60):
+            reset_connection(port, send=b"GET /metrics HTTP/1.1\r\n" if i % 2 else b"")
+        for _ in range(20):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        time.sleep(0.5)
+        body = scrape(port)
+        _out, err = child.communicate("", timeout=60)
+    finally:
+        child.kill()
+    assert err == "", f"{len(err.splitlines())} lines on the job's stderr:\n{err[:2000]}"
+    assert dropped(body)["reset"] >= 60, dropped(body)
+
+
+def test_a_burst_of_200_connections_gets_no_1s_outlier() -> None:
+    # With the stdlib's listen backlog of 5 a burst overflows the queue: the kernel drops SYNs
+    # and the clients retry after 1 s. Connect times are the kernel's, so they do not depend
+    # on how busy this machine is.
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    result = burst(exp.port or 0, 200)
+    assert result.statuses.count(b"200") == 200, sorted(set(result.statuses))
+    slow = sorted(t for t in result.connect_s if t >= 1.0)
+    assert not slow, f"{len(slow)} of 200 connections waited >= 1 s to connect: {slow[:5]}"
+
+
+def test_stop_closes_connections_accepted_before_it() -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    early = socket.create_connection(("127.0.0.1", exp.port or 0), timeout=5)
+    time.sleep(0.2)  # accepted by now
+    exp.stop()
+    try:
+        early.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        reply = early.recv(65536)
+    except OSError:  # reset: closed, as it should be
+        reply = b""
+    finally:
+        early.close()
+    assert not reply.startswith(b"HTTP/1.0 200"), "a request after stop() was answered"
+    assert server_threads() == 0
+
+
+def test_stop_returns_without_waiting_for_a_poll_interval() -> None:
+    # The stdlib's serve_forever() polls every 0.5 s, and shutdown() waits for the poll.
+    times = []
+    for _ in range(10):
+        exp = memexporter.start(port=0, addr="127.0.0.1")
+        socket.create_connection(("127.0.0.1", exp.port or 0), timeout=5).close()
+        time.sleep(0.05)  # idle again: the stdlib's loop is back in its 0.5 s poll
+        t0 = time.monotonic()
+        exp.stop()
+        times.append(time.monotonic() - t0)
+    times.sort()
+    assert times[len(times) // 2] < 0.1, f"stop() took {times}"
+
+
+def test_open_descriptors_return_to_the_baseline_after_stop() -> None:
+    before = open_fds()
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    held = [socket.create_connection(("127.0.0.1", exp.port or 0), timeout=5) for _ in range(10)]
+    scrape(exp.port or 0)
+    exp.stop()
+    for s in held:
+        s.close()
+    assert open_fds() == before

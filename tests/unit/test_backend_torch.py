@@ -1,0 +1,144 @@
+"""TorchBackend itself, over torch.cuda's public functions answering as the SYNTHETIC fixtures say
+(tests/fixtures/synthetic; real-shaped, made up): what it reads, what it never calls, and that no
+answer of a real allocator makes it raise."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+from memexporter.backends.torch import TorchBackend
+from tests.support.cuda_standins import TorchStandIn, load
+from tests.support.memory_stats import flatten, unflatten
+from tests.support.synthetic_fixtures import SYNTHETIC_DIR
+
+MiB = 1 << 20
+
+
+def answers(name: str) -> dict[str, Any]:
+    return load(SYNTHETIC_DIR / f"{name}.json")["answers"]  # type: ignore[no-any-return]
+
+
+def standin(monkeypatch: pytest.MonkeyPatch, name_or_answers: str | dict[str, Any]) -> TorchStandIn:
+    a = answers(name_or_answers) if isinstance(name_or_answers, str) else name_or_answers
+    return TorchStandIn(a).install(monkeypatch)
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("name", ["v100_torch1.13_after_ooms", "a100_torch2.13_fraction", "a100_mig_1g.10gb_torch2.13",
+                                  "h100_torch2.13_cudamallocasync"])
+def test_torchs_own_memory_stats_flattening_gives_the_fixture_back(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # The stand-in answers the nested dict; torch's real memory_stats() flattens and sorts it.
+    flat = answers(name)["devices"]["0"]["memory_stats"]
+    standin(monkeypatch, name)
+    assert dict(torch.cuda.memory_stats(0)) == flat
+    assert list(torch.cuda.memory_stats(0)) == sorted(flat)
+    assert flatten(unflatten(flat)) == flat
+
+
+def test_v100_on_torch_1_13_after_caught_ooms(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    s = standin(monkeypatch, "v100_torch1.13_after_ooms")
+    b = TorchBackend()
+    stats = b.device_stats()
+    assert list(stats) == [0] and len(stats[0]) == 107
+    assert stats[0]["num_ooms"] == 3 and stats[0]["num_alloc_retries"] == 5
+    assert "requested_bytes.all.current" not in stats[0] and "num_device_alloc" not in stats[0]
+    assert b.cuda_devices() == [0]
+    assert b.allocated(0) == (stats[0]["allocated_bytes.all.current"], stats[0]["allocated_bytes.all.peak"])
+    # That torch has neither get_allocator_backend() nor get_per_process_memory_fraction().
+    assert not hasattr(torch.cuda, "get_allocator_backend") and not hasattr(torch.cuda, "get_per_process_memory_fraction")
+    assert b.allocator_backend() == "native"
+    assert b.memory_fraction(0) == 1.0
+    assert b.total_memory(0) == 16160 * MiB
+    assert b.mem_get_info(0) == (1400 * MiB, 16160 * MiB)
+    assert b.versions() == ("1.13.1+cu117", "11.7")
+    # No get_device_properties().uuid before torch 2.0: said once, not per scrape.
+    assert b.uuid(0) is None and b.uuid(0) is None
+    assert [w for w in warnings(caplog) if "no device UUID" in w] == [
+        "memexporter: torch 1.13.1+cu117 reports no device UUID (get_device_properties().uuid); without it no NVML "
+        "device can be matched: no memexporter_device_* series"]
+    assert ("get_per_process_memory_fraction", 0) not in s.calls
+
+
+def test_a100_fraction_and_the_cuda_total(monkeypatch: pytest.MonkeyPatch) -> None:
+    standin(monkeypatch, "a100_torch2.13_fraction")
+    b = TorchBackend()
+    assert b.memory_fraction(0) == 0.5
+    assert b.total_memory(0) == 84987740160  # totalGlobalMem, what the fraction multiplies
+    assert b.uuid(0) == "3f6a9c2e-8b1d-4e07-a5c9-72d41e0b9f63"  # bare hex, as torch prints it
+    assert b.allocator_backend() == "native"
+    assert len(b.device_stats()[0]) == 135  # 123 keys + a MemPool's reserved_bytes_by_private_pools.0_1.*
+    assert b.device_stats()[0]["reserved_bytes_by_private_pools.0_1.large_pool.current"] == 512 * MiB
+
+
+def test_mig_slice_reports_its_bare_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    standin(monkeypatch, "a100_mig_1g.10gb_torch2.13")
+    assert TorchBackend().uuid(0) == "9b1c5e7a-2d4f-5a60-8c3b-1e9f0d2a7c45"
+
+
+def test_pluggable_allocator_that_raises(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    standin(monkeypatch, "h100_torch2.13_pluggable")
+    with pytest.raises(RuntimeError, match="does not yet support getDeviceStats"):
+        torch.cuda.memory_stats(0)  # what the backend has to survive
+    b = TorchBackend()
+    for _ in range(3):  # three scrapes
+        assert b.device_stats() == {0: {}}  # in use (it holds a context), figures unknown
+        assert b.cuda_devices() == []  # nothing for the step tracker to follow
+        assert b.memory_fraction(0) == 1.0
+    assert b.allocator_backend() == "pluggable"
+    assert b.mem_get_info(0) == (17188 * MiB, 84942979072)
+    logged = warnings(caplog)
+    assert len([w for w in logged if "memory_stats() failed" in w]) == 1
+    assert len([w for w in logged if "get_per_process_memory_fraction() failed" in w]) == 1
+    assert "'pluggable' allocator" in logged[0] and "getDeviceStats" in logged[0]
+
+
+def test_pluggable_device_without_a_context_is_not_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = answers("h100_torch2.13_pluggable")
+    a["devices"]["0"]["has_primary_context"] = False
+    standin(monkeypatch, a)
+    assert TorchBackend().device_stats() == {}
+
+
+def test_cuda_malloc_async_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    standin(monkeypatch, "h100_torch2.13_cudamallocasync")
+    b = TorchBackend()
+    assert b.allocator_backend() == "cudaMallocAsync"
+    assert b.device_stats()[0]["reserved_bytes.all.peak"] == 58 << 30
+
+
+def test_mem_get_info_that_raises_reads_as_unknown(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    a = answers("a100_torch2.13_fraction")
+    a["devices"]["0"]["mem_get_info"] = {"raises": "RuntimeError: CUDA error: unspecified launch failure"}
+    standin(monkeypatch, a)
+    b = TorchBackend()
+    assert b.mem_get_info(0) is None and b.mem_get_info(0) is None
+    assert len([w for w in warnings(caplog) if "mem_get_info(0) failed" in w]) == 1
+
+
+def test_not_initialised_reads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = answers("a100_torch2.13_fraction")
+    a["initialized"] = False
+    s = standin(monkeypatch, a)
+    b = TorchBackend()
+    assert b.device_stats() == {} and b.cuda_devices() == []
+    assert (b.uuid(0), b.total_memory(0), b.mem_get_info(0), b.memory_fraction(0), b.allocated(0)) == (None, None, None, 1.0, (0, 0))
+    assert s.calls == []
+
+
+def test_only_devices_in_use_are_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Four visible devices, the allocator used cuda:2 only: the others are read (memory_stats,
+    # host-side counters) but not listed, and nothing that needs a device is called for them.
+    a = copy.deepcopy(answers("a100_torch2.13_fraction"))
+    a["device_count"] = 4
+    a["devices"] = {"2": a["devices"]["0"]}
+    s = standin(monkeypatch, a)
+    assert list(TorchBackend().device_stats()) == [2]
+    assert s.calls == [("memory_stats", i) for i in range(4)]

@@ -1,0 +1,32 @@
+"""The GPU fixture recorder (tests/cuda/record_fixtures.py), run on CPU against the stand-ins: what
+it records from torch.cuda and NVML is exactly what the stand-ins replay, for every SYNTHETIC
+fixture. So a recorded fixture and a synthetic one are read the same way."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.cuda.record_fixtures import nvml_answers, torch_answers
+from tests.support.cuda_standins import TorchStandIn, load
+from tests.support.nvml_standin import NvmlStandIn
+from tests.support.synthetic_fixtures import FIXTURES, SYNTHETIC_DIR
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_recorder_reads_back_what_the_standins_answer(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    answers = load(SYNTHETIC_DIR / f"{name}.json")["answers"]
+    TorchStandIn(copy.deepcopy(answers)).install(monkeypatch)
+    NvmlStandIn(copy.deepcopy(answers["nvml"])).install(monkeypatch)
+    assert torch_answers(0) == answers["devices"]["0"]
+    recorded = nvml_answers()
+    assert recorded is not None and recorded.pop("driver_version") == ""
+    assert recorded == answers["nvml"]
+
+
+def test_recorder_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.cuda_standins import no_nvml
+
+    no_nvml(monkeypatch)
+    assert nvml_answers() is None

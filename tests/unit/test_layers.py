@@ -1,0 +1,55 @@
+"""The layering DESIGN.md fixes, read from the source: one module each touches torch.cuda and
+pynvml, the backend protocols sit in a leaf module, and the training-thread side (tracking/)
+never imports the scrape side, so the layers point one way:
+backends -> tracking -> scrape -> collectors."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "memexporter"
+
+
+def imports(path: Path, runtime_only: bool = False) -> set[str]:
+    """Modules ``path`` imports (``from a.b import c`` gives ``a.b`` and ``a.b.c``)."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    if runtime_only:  # imports under `if TYPE_CHECKING:` do not run
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skip |= {id(n) for n in ast.walk(node)}
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize(("target", "owner"), [("torch.cuda", "backends/torch.py"), ("pynvml", "backends/nvml.py")])
+def test_one_module_touches_each_device_library(target: str, owner: str) -> None:
+    users = {str(p.relative_to(PACKAGE)) for p in modules()
+             if any(m == target or m.startswith(f"{target}.") for m in imports(p))}
+    assert users == {owner}
+
+
+def test_backend_protocols_live_in_a_leaf_module() -> None:
+    assert not {m for m in imports(PACKAGE / "backends" / "base.py", runtime_only=True) if m.startswith("memexporter")}
+
+
+def test_tracking_never_imports_the_scrape_side() -> None:
+    for path in sorted((PACKAGE / "tracking").glob("*.py")):
+        bad = {m for m in imports(path) if m.startswith(("memexporter.scrape", "memexporter.collectors", "memexporter.registry"))}
+        assert not bad, f"{path.name} imports {bad}"
