@@ -17,7 +17,9 @@ from tests.support.ports import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MiB = 1 << 20
 # The leak estimate does not need a big model; a tiny one keeps the test fast on a busy CI box.
-TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.05")
+# 10 steps/s, a training job's pace: the leak estimate skips the first 20 steps and 5 s and needs
+# a 3 s span (trend.py), so a demo at 20 steps/s would show its leak only after ~160 steps.
+TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.1")
 WEEK = 7 * 24 * 3600
 
 

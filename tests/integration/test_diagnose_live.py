@@ -32,7 +32,9 @@ from tests.support.process import running_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MiB = 1 << 20
-TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.05")
+# 10 steps/s, a training job's pace: the leak estimate skips the first 20 steps and 5 s and needs
+# a 3 s span (trend.py), so a demo at 20 steps/s would show its leak only after ~160 steps.
+TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.1")
 
 # A user's training script: it knows nothing about memexporter, and keeps every step's batch.
 LEAKY_SCRIPT = textwrap.dedent(
@@ -58,7 +60,7 @@ LEAKY_SCRIPT = textwrap.dedent(
     trainer = Trainer()
     for _ in range(3000):
         trainer.step()
-        time.sleep(0.02)
+        time.sleep(0.05)  # ~20 steps/s: the leak estimate that confirms growth needs >= 8 s (trend.py)
     """
 )
 

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from memexporter import demo
-from memexporter.cli import _parser
 from memexporter.trend import TrendEstimate, TrendPoints, estimate
 
 GIB = float(1 << 30)
@@ -47,7 +46,9 @@ def _one_run(run: int, argv: list[str], out: str) -> None:
 
     setattr(demo, "estimate", observed)  # noqa: B010  # demo._status calls it after every step
     torch.set_num_threads(1)  # one run per core: two threads each would spin against each other
-    args = _parser().parse_args(["demo", *argv])
+    parser = argparse.ArgumentParser(prog="memexporter demo")
+    demo.add_arguments(parser)  # the demo's own options, as `memexporter demo` parses them
+    args = parser.parse_args(argv)
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # the demo's progress lines
     rc = demo.run(args)
     line = {"run": run, "rc": rc, "steps": reads["steps"], "misreads": misreads,
