@@ -53,12 +53,13 @@ SCRIPT = textwrap.dedent(
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(256, 32)), batch_size=8,
                                        num_workers=2, multiprocessing_context="fork")
     kept = []
-    for (x,) in data:
-        kept.append(torch.ones(1 << 20))  # 4 MiB a step
-        model(x).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        time.sleep(0.03)  # the workers live for several export intervals
+    for epoch in range(3):  # ~10 s: the leak estimate skips the first 5 s and needs a 3 s span
+        for (x,) in data:
+            kept.append(torch.ones(1 << 18))  # 1 MiB a step
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.1)  # the workers live for several export intervals
     (out / "trained").write_text(str(os.getpid()))
     deadline = time.time() + 60
     while not (out / "go").exists() and time.time() < deadline:
@@ -68,7 +69,7 @@ SCRIPT = textwrap.dedent(
     time.sleep(float(sys.argv[2]))  # several export intervals: a push now would be a bug
     """
 )
-STEPS = 32
+STEPS = 3 * 32  # three epochs of 32 batches
 
 
 def otel_env(extra: dict[str, str]) -> dict[str, str]:

@@ -20,8 +20,10 @@ def test_contract_series_are_queryable_in_prometheus() -> None:
     with running_demo(port, "--leak-mib-per-step", "2", "--warmup-steps", "5", "--step-interval", "0.1"), \
             running_prometheus([f"127.0.0.1:{port}"]) as prom:
         prom.wait_targets_up(timeout=30)
-        # enough steps for the trend window to report (warm-up 5 + the minimum points)
-        prom.wait_for('memexporter_steps_total{job="memexporter"} > 40', timeout=90)
+        # enough steps for the trend window to report: the warm-up (5 steps, and 5 s: ~50 steps at
+        # 10 steps/s), then the minimum points (32) spanning 3 s, and a scrape to carry it
+        prom.wait_for('memexporter_steps_total{job="memexporter"} > 100', timeout=120)
+        prom.wait_for('memexporter_leak_bytes_per_step{job="memexporter", device="cpu"} > 0', timeout=15)
         missing = []
         for spec in CPU_SPECS:
             result = prom.query(f'{spec.name}{{job="memexporter", rank="0"}}')
