@@ -11,7 +11,7 @@ lint:
 bench:
 	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py && .venv/bin/python benchmarks/alert_lead_times.py
 rules:
-	.venv/bin/python -m memexporter rules > alerts/memexporter.rules.yml
+	.venv/bin/python -m memexporter rules --output alerts/memexporter.rules.yml
 scenarios:
 	.venv/bin/python -m tests.support.scenarios
 dashboards:

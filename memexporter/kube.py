@@ -125,8 +125,8 @@ def add_metadata_arguments(parser: argparse.ArgumentParser, default_name: str | 
         parser.add_argument("--name", default=default_name, help="metadata.name (default: %(default)s)")
     parser.add_argument("--namespace", help="metadata.namespace (default: none, kubectl's current namespace)")
     parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra metadata label, repeatable; kube-prometheus-stack selects rules by "
-                        "release=<helm release name>")
+                        help="extra metadata label, repeatable (kube-prometheus-stack selects PrometheusRules by "
+                        "release=<helm release name>)")
 
 
 def add_rules_arguments(parser: argparse.ArgumentParser) -> None:

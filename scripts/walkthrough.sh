@@ -54,4 +54,7 @@ set +e
 "$VPY" -m memexporter demo --device cpu --port "$DEMO" --addr 127.0.0.1 --layers 1 --d-model 64 --seq-len 32 \
   --batch-size 4 --step-interval 0.2 --warmup-steps 5 --memory-limit-mib 1024 --leak-mib-per-step 0.4 "$@"
 echo "[walkthrough] demo exited with $? (3 = the simulated OOM)"
-sleep 2
+# The target is gone right after a peak near its limit: MemexporterFatalOOMSuspected fires after
+# its 10 s 'for' and reaches the webhook after the route's 10 s group_wait.
+echo "[walkthrough] waiting 40 s for MemexporterFatalOOMSuspected (Ctrl-C ends the walkthrough sooner)"
+sleep 40

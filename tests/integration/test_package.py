@@ -69,7 +69,7 @@ def test_sdist_carries_what_operators_deploy(dist: Path) -> None:
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     wanted = {"LICENSE", "CHANGELOG.md", "README.md", "Dockerfile", "alerts/memexporter.rules.yml",
-              "deploy/compose/compose.yaml", "deploy/kubernetes/kustomization.yaml",
+              "alerts/runbook.md", "alertmanager/alertmanager.example.yml", "deploy/compose/compose.yaml", "deploy/kubernetes/kustomization.yaml",
               "examples/prometheus/podmonitor.yaml", "grafana/provisioning/dashboards/memexporter.yml",
               *(f"grafana/dashboards/{n}" for n in export.rendered())}
     assert wanted <= names, sorted(wanted - names)
