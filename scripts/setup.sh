@@ -50,7 +50,7 @@ extras=""
 # What the editable install depends on: pyproject.toml, the extras, and where the checkout is.
 # A stamp written after a [dev] install also serves a plain one.
 hash="$(sha256sum pyproject.toml | cut -c1-16)"
-read -r have_hash have_extras have_path < "$STAMP" 2>/dev/null || true
+{ read -r have_hash have_extras have_path < "$STAMP"; } 2>/dev/null || true  # no stamp yet: a first install
 installed=0
 if [[ "${have_hash:-}" == "$hash" && "${have_path:-}" == "$(pwd)" && ( "${have_extras:-}" == "[dev]" || -z "$extras" ) ]]; then
   installed=1

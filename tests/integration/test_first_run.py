@@ -169,3 +169,19 @@ def test_setup_second_run_only_checks() -> None:
     assert "already installed (pyproject.toml unchanged)" in out.stdout, out.stdout
     assert "installing" not in out.stdout, out.stdout
     assert stamp.stat().st_mtime == before
+
+
+def test_a_first_setup_says_nothing_on_stderr(tmp_path: Path) -> None:
+    """A first run has no stamp yet. Reading it once printed bash's "No such file or directory" for
+    the stamp to a first-time user; a stand-in python records what setup asks of the venv."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    fake = venv / "bin" / "python"
+    fake.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/../calls"\nexit 0\n', encoding="utf-8")
+    fake.chmod(0o755)
+    out = subprocess.run([str(REPO_ROOT / "scripts" / "setup.sh")], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "MEMEXPORTER_VENV": str(venv)}, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stderr == "", out.stderr
+    assert "-m pip install -q -e ." in (venv / "calls").read_text(encoding="utf-8")
+    assert (venv / ".memexporter-setup").is_file()
