@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
-from bench_overhead import GPT, Job, pct
+from bench_overhead import GPT, Job, interleaved, pct
 
 import memexporter
 
@@ -54,21 +54,7 @@ def _stop(job: Job) -> None:
 
 
 # "start again" is the same as "start": its ratio is the noise of this machine (an A/A control).
-VARIANTS = {"start": _start, "start+otlp": _start_otlp, "start again": _start}
-
-
-def bench_steps(job: Job, rounds: int, block: int, clock: Any = time.perf_counter) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for r in range(rounds):
-        for name in (VARIANTS if r % 2 == 0 else reversed(VARIANTS)):
-            VARIANTS[name](job)
-            job.step()  # not timed: the first step after set-up
-            for _ in range(block):
-                t0 = clock()
-                job.step()
-                times[name].append(clock() - t0)
-            _stop(job)
-    return times
+VARIANTS = {"start": (_start, _stop), "start+otlp": (_start_otlp, _stop), "start again": (_start, _stop)}
 
 
 def bench_cycle(repeat: int) -> list[float]:
@@ -111,7 +97,7 @@ def main() -> None:
         job.step()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, {args.rounds} rounds x "
           f"{args.block} steps per variant, push every {args.interval_ms} ms")
-    times = bench_steps(job, args.rounds, args.block, time.thread_time if args.clock == "cpu" else time.perf_counter)
+    times = interleaved(job, VARIANTS, args.rounds, args.block, time.thread_time if args.clock == "cpu" else time.perf_counter)
     cycle = bench_cycle(args.cycles)
     done.set()
     pushes = count.get(timeout=60)

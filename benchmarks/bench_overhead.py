@@ -212,13 +212,20 @@ def bench_steps(rounds: int, block: int, batch: int, seq: int, clock: Callable[[
               torch.randint(0, 512, (batch, seq), device=device), torch.randint(0, 512, (batch, seq), device=device))
     for _ in range(5):  # warm-up: allocator, optimizer state, oneDNN kernels
         job.step()
-    names = variants or list(VARIANTS)
+    return interleaved(job, {name: VARIANTS[name] for name in variants or VARIANTS}, rounds, block, clock)
+
+
+def interleaved(job: Job, variants: dict[str, Variant], rounds: int, block: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Seconds per step of each variant: ``rounds`` rounds of ``block`` timed steps each, the
+    variants interleaved in one process so that drift on the machine hits them all alike."""
+    names = list(variants)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         # Alternate the order too, so neither variant always runs right after the other.
         order = names if r % 2 == 0 else list(reversed(names))
         for name in order:
-            setup, teardown = VARIANTS[name]
+            setup, teardown = variants[name]
             setup(job)
             job.step()  # the first step after setup is not timed (e.g. hooks being installed)
             for _ in range(block):
