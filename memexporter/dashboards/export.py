@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         text = kube.dashboard_configmaps(files, args.namespace, kube.parse_pairs(args.label),
                                          kube.parse_pairs(args.annotation, "annotation"), args.sidecar_label)
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(str(exc).removeprefix("memexporter: "))  # argparse names the command itself
     if args.output is None:
         sys.stdout.write(text)
     else:

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         text = render(args.preset, args.selector, args.critical_severity, args.runbook_url, args.peer_labels)
         text = kube.rules_output(text, args)
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(str(exc).removeprefix("memexporter: "))  # argparse names the command itself
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)

@@ -305,3 +305,4 @@ def test_cli_rejects_an_unquoted_selector(capsys: pytest.CaptureFixture[str]) ->
     captured = capsys.readouterr()
     assert captured.out == ""
     assert 'the value of job must be a quoted string, e.g. job="foo"' in captured.err
+    assert "error: memexporter:" not in captured.err  # argparse's "memexporter rules: error:" says it once
