@@ -241,6 +241,44 @@ def test_the_demo_command_is_valid_and_leaks_toward_a_budget() -> None:
     assert args.leak_mib_per_step / args.step_interval == pytest.approx(2.0)
 
 
+def test_the_demo_stays_down_after_its_oom_until_the_fatal_oom_alert_is_out(tmp_path: Path) -> None:
+    # The entrypoint's shell, run for real with stand-ins for memexporter and sleep on the PATH.
+    # What compose hands the container: "$$" is its escape for a literal "$".
+    entrypoint = [part.replace("$$", "$") for part in _service("demo")["entrypoint"]]
+    command = _service("demo")["command"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("memexporter", 'echo "memexporter $*" >> "$LOG"; exit "$RC"'),
+                       ("sleep", 'echo "sleep $*" >> "$LOG"')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n", encoding="utf-8")
+        (bin_dir / name).chmod(0o755)
+
+    def run(rc: int) -> tuple[int, list[str]]:
+        log = tmp_path / f"log-{rc}"
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "RC": str(rc)}
+        done = subprocess.run([*entrypoint, *command], env=env, timeout=30, check=False)
+        return done.returncode, log.read_text(encoding="utf-8").splitlines()
+
+    code, calls = run(0)  # a normal end: no pause
+    assert code == 0 and calls == [f"memexporter {' '.join(command)}"]
+    code, calls = run(3)  # the simulated OOM: the same exit code, after a pause
+    assert code == 3 and calls[0] == f"memexporter {' '.join(command)}" and calls[1].startswith("sleep ")
+    pause = float(calls[1].split()[1])
+    # Long enough for the alert: its `for` in the demo preset, the FatalOOMSuspected route's
+    # group_wait, and a few scrapes and evaluations (every second here).
+    demo_rules = yaml.safe_load(rules.render("demo"))
+    (fatal,) = [r for g in demo_rules["groups"] for r in g["rules"] if r.get("alert") == "MemexporterFatalOOMSuspected"]
+    routing = yaml.safe_load((REPO_ROOT / "alertmanager" / "alertmanager.example.yml").read_text(encoding="utf-8"))
+    (route,) = [r for r in routing["route"]["routes"] if "MemexporterFatalOOMSuspected" in str(r.get("matchers"))]
+    needed = _seconds(fatal["for"]) + _seconds(route["group_wait"]) + 10
+    assert pause >= needed, f"the demo restarts after {pause:.0f} s; the alert needs {needed:.0f} s"
+
+
+def _seconds(duration: str) -> float:
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", duration))
+
+
 def _post(url: str, body: bytes) -> int:
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     try:
