@@ -73,6 +73,17 @@ class Handler(BaseHTTPRequestHandler):
         pass  # one line per alert is the whole output
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up before its answer is written (a reset, a timeout) is not worth a
+        traceback in the notification log; anything else is one line, not socketserver's dump."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, (ConnectionError, TimeoutError)):
+            print(f"webhook receiver: request from {client_address[0]} failed: {exc!r}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Log Alertmanager webhook notifications, one line per alert.")
     parser.add_argument("--port", type=int, default=80)
@@ -86,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"webhook receiver not answering on port {args.port}: {exc}", file=sys.stderr)
             return 1
-    server = ThreadingHTTPServer((args.addr, args.port), Handler)
-    server.daemon_threads = True
+    server = Server((args.addr, args.port), Handler)
     print(f"webhook receiver listening on {args.addr}:{args.port}", flush=True)
     server.serve_forever()
     return 0
