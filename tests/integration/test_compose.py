@@ -33,6 +33,7 @@ from tests.support import REPO_ROOT
 from tests.support.alertmanager import running_alertmanager
 from tests.support.binaries import require
 from tests.support.ports import free_port
+from tests.support.probe import seconds
 from tests.support.process import running_command
 
 HERE = REPO_ROOT / "deploy" / "compose"
@@ -271,13 +272,8 @@ def test_the_demo_stays_down_after_its_oom_until_the_fatal_oom_alert_is_out(tmp_
     (fatal,) = [r for g in demo_rules["groups"] for r in g["rules"] if r.get("alert") == "MemexporterFatalOOMSuspected"]
     routing = yaml.safe_load((REPO_ROOT / "alertmanager" / "alertmanager.example.yml").read_text(encoding="utf-8"))
     (route,) = [r for r in routing["route"]["routes"] if "MemexporterFatalOOMSuspected" in str(r.get("matchers"))]
-    needed = _seconds(fatal["for"]) + _seconds(route["group_wait"]) + 10
+    needed = seconds(fatal["for"]) + seconds(route["group_wait"]) + 10
     assert pause >= needed, f"the demo restarts after {pause:.0f} s; the alert needs {needed:.0f} s"
-
-
-def _seconds(duration: str) -> float:
-    units = {"h": 3600.0, "m": 60.0, "s": 1.0}
-    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", duration))
 
 
 def _post(url: str, body: bytes) -> int:
