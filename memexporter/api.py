@@ -28,6 +28,7 @@ def start(
     auto_step: bool | None = None,
     module_depth: int | None = None,
     max_modules: int | None = None,
+    auto_track: bool | None = None,
     otel: bool | None = None,
     http: bool | None = None,
     debug: bool | None = None,
@@ -47,7 +48,8 @@ def start(
     an explicit argument wins. Defaults: port 9400, all interfaces. See the README's configuration
     table for each knob.
 
-    ``model=`` (and ``optimizer=``) also starts per-module tracking, as ``track(model, optimizer)``.
+    ``model=`` (and ``optimizer=``) also starts per-module tracking, as ``track(model, optimizer)``,
+    with ``module_depth`` and ``max_modules``. ``auto_track=True`` finds the model by itself.
 
     OpenTelemetry: ``otel=True`` pushes the same metrics over OTLP, configured by the standard
     ``OTEL_*`` variables; ``meter_provider=`` publishes them on the application's
@@ -66,7 +68,7 @@ def start(
         "port": port, "addr": addr, "strict": strict, "certfile": certfile, "keyfile": keyfile,
         "memory_limit_bytes": memory_limit_bytes, "leak_window": leak_window,
         "warmup_steps": warmup_steps, "auto_step": auto_step, "module_depth": module_depth,
-        "max_modules": max_modules, "otel": otel, "http": http,
+        "max_modules": max_modules, "auto_track": auto_track, "otel": otel, "http": http,
         "debug": debug, "debug_allow": debug_allow, "record_history": record_history,
         "oom_dump_dir": oom_dump_dir, "census_every": census_every, "census_budget": census_budget,
     }
@@ -91,9 +93,16 @@ def track(model: Any, optimizer: Any = None, **options: Any) -> TrackHandle:
     """Report per-module parameter, gradient, optimizer-state and activation bytes for ``model``.
 
     Returns a handle: ``handle.remove()``, or use it as a context manager. Options (``depth``,
-    ``max_modules``, ``prefix``...) are documented in ``docs/modules.md``.
+    ``max_modules``, ``prefix``...) are documented in ``docs/modules.md``; ``depth`` and
+    ``max_modules`` default to the running exporter's ``module_depth`` and ``max_modules`` (so
+    ``memexporter run --max-modules 20`` applies to a script's own ``track()``). ``optimizer`` may
+    be a framework's wrapper (accelerate, Lightning). Raises only for bad arguments.
     """
     require_torch()
     from memexporter.tracking.modules import track as _track
 
+    running = _exporter.running()
+    if running is not None:
+        options.setdefault("depth", running.config.module_depth)
+        options.setdefault("max_modules", running.config.max_modules)
     return _track(model, optimizer, **options)

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from memexporter import __version__
-from memexporter.config import FALSE, KNOBS, TRUE
+from memexporter.config import FALSE, KNOBS, TRUE, auto_track_default
 
 
 def _add_knob_options(p: argparse.ArgumentParser) -> None:
@@ -57,6 +57,7 @@ def _run(args: argparse.Namespace) -> int:
     import memexporter
 
     settings = {k.name: getattr(args, k.name) for k in KNOBS}
+    settings["auto_track"] = auto_track_default(settings["auto_track"])
     target = args.target
     if not target:
         print("memexporter run: name a script (memexporter run train.py) or a module (-m pkg.train)", file=sys.stderr)

@@ -175,6 +175,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("auto_step", _bool, True, "Count every optimizer.step() as a step boundary. memexporter.step() turns this off."),
     Knob("module_depth", _positive, 3, "Deepest module path reported by track(); deeper modules fold into their ancestor.", "an integer >= 1"),
     Knob("max_modules", _positive, 100, "Most module rows per tracked model; the smallest fold into their parent.", "an integer >= 1"),
+    Knob("auto_track", _bool, False, "Find the model without code and export its module rows: the outermost module whose forward runs with grad enabled and whose parameters an optimizer steps, tracked from the next forward. On by default under memexporter run and the MEMEXPORTER_AUTOSTART bootstrap (which know no model); 0 turns it off there."),
     Knob("otel", _bool, False, "Push the metrics over OTLP, configured by the standard OTEL_EXPORTER_OTLP_* and OTEL_* variables (pip install 'memexporter[otel]'). start(meter_provider=...) uses the application's provider instead."),
     Knob("http", _bool, True, "Serve /metrics over HTTP. False (with otel) runs push-only: no port is opened."),
     Knob("debug", _bool, False, "Serve /debug/memory (tensor census, growing groups and their holders, OOM view) and /debug/snapshot (CUDA allocator snapshot). Loopback clients only, unless debug_allow names theirs."),
@@ -203,6 +204,7 @@ class Config:
     auto_step: bool
     module_depth: int
     max_modules: int
+    auto_track: bool
     otel: bool
     http: bool
     debug: bool
@@ -239,6 +241,15 @@ def resolve_knob(name: str, explicit: object = None, environ: Mapping[str, str] 
     if env.get(knob.env, "") != "":
         return knob.parse(knob.env, env[knob.env])
     return knob.default
+
+
+def auto_track_default(explicit: bool | None, environ: Mapping[str, str] | None = None) -> bool:
+    """``auto_track`` where no model can be named (``memexporter run``, the bootstrap): on, unless
+    the option or ``MEMEXPORTER_AUTO_TRACK`` says otherwise (a bad value raises, naming it)."""
+    env = os.environ if environ is None else environ
+    if explicit is None and env.get(BY_NAME["auto_track"].env, "") == "":
+        return True
+    return bool(resolve_knob("auto_track", explicit, env))
 
 
 def reference_table() -> str:

@@ -75,6 +75,10 @@ class Exporter:
             if self.otel is not None:  # a last push first, while every collector still answers
                 self.otel.shutdown()
                 self.otel = None
+            if _running is self:
+                from memexporter.tracking import discover
+
+                discover.stop()
             for handle in self.tracked:
                 handle.remove()
             self.tracked.clear()
@@ -146,9 +150,14 @@ def start(model: Any = None, optimizer: Any = None, meter_provider: Any = None, 
         if model is not None:
             # Also on an exporter that already runs (MEMEXPORTER_AUTOSTART, `memexporter run`):
             # the model asked for must be tracked. Under the lock, so a concurrent stop() removes it.
+            # The depth and row cap: this call's, else the running exporter's (`run --max-modules`).
+            from memexporter.tracking import discover
             from memexporter.tracking.modules import track
 
-            exporter.tracked.append(track(model, optimizer))
+            discover.stop()  # a model named by hand: nothing to look for
+            depth = config.module_depth if settings.get("module_depth") is not None else exporter.config.module_depth
+            cap = config.max_modules if settings.get("max_modules") is not None else exporter.config.max_modules
+            exporter.tracked.append(track(model, optimizer, depth=depth, max_modules=cap))
     return exporter
 
 
@@ -182,12 +191,31 @@ def _start_locked(config: Config, meter_provider: Any = None, port_hint: str = "
         exporter.stop()
         raise
     steps.activate(tracker, auto_step=config.auto_step)
+    if config.auto_track:
+        _auto_track(exporter)
     if server is not None:
         log.info("memexporter: serving %s (rank %s)", exporter.url, ident.rank)
     elif not config.http and exporter.otel is None:
         log.warning("memexporter: http=False and no OpenTelemetry push: nothing publishes the metrics "
                     "(set MEMEXPORTER_OTEL=1 or pass meter_provider=)")
     return exporter
+
+
+def _auto_track(exporter: Exporter) -> None:
+    """Look for the model (``auto_track``) and track it once found, unless one is tracked by then."""
+    from memexporter.tracking import discover
+    from memexporter.tracking.modules import active_handles, track
+
+    def found(model: Any) -> None:
+        with _lock:
+            if running() is not exporter or active_handles():
+                return  # stopped meanwhile, or the script tracks a model itself
+            handle = track(model, None, depth=exporter.config.module_depth, max_modules=exporter.config.max_modules)
+            exporter.tracked.append(handle)
+        log.info("memexporter: auto_track: tracking %s (%d module rows at most)", type(model).__name__,
+                 exporter.config.max_modules)
+
+    discover.start(found)
 
 
 def _attach_otel(exporter: Exporter, meter_provider: Any) -> None:

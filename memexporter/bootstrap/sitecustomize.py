@@ -60,7 +60,8 @@ except Exception as exc:
 try:
     if _should_start(list(getattr(sys, "orig_argv", sys.argv))):
         from memexporter import exporter
+        from memexporter.config import auto_track_default
 
-        exporter.start(port_hint="MEMEXPORTER_PORT")
+        exporter.start(port_hint="MEMEXPORTER_PORT", auto_track=auto_track_default(None))
 except Exception as exc:  # a bad MEMEXPORTER_* value must not stop the interpreter from starting
     print(f"memexporter bootstrap: not started: {exc}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Per-module breakdown: parameter, gradient, optimizer-state and activation bytes per ``module``.
+"""Per-module breakdown: parameter, gradient, optimizer-state and activation bytes per ``module``
+(and the unsharded parameter bytes of a sharded model).
 
 Reads only the immutable snapshots that tracked models publish from the training thread
 (``memexporter.tracking.snapshots``), never a live tensor, and folds each to ``max_modules`` rows.
@@ -30,7 +31,8 @@ class ModulesCollector:
         rows: dict[str, list[tuple[tuple[str, ...], float]]] = {name: [] for name in (*FAMILIES, DELTA)}
         for handle in self._handles():
             for module, values in fold(handle.snapshot()):
-                for name, value in zip(FAMILIES, values, strict=True):
+                # The unsharded column exists only for sharded models: zip stops at the values.
+                for name, value in zip(FAMILIES, values, strict=False):
                     rows[name].append(((rank, module), float(value)))
             # Opt-in CUDA forward deltas: a copy made on the training thread, not folded (they nest).
             deltas: dict[str, int] = getattr(handle, "forward_deltas", dict)()

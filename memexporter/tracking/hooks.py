@@ -1,10 +1,22 @@
-"""Forward-side hooks of a tracked model, on the training thread: module stack and saved tensors.
+"""Forward-side hooks of a tracked model, on the training thread: entries, rows, saved tensors.
 
 ``ForwardHooks`` holds the hook methods ``TrackHandle`` (tracking/modules.py) registers; the handle
-owns the state they use and sets it up. A root forward's pre-hook pushes a ``saved_tensors_hooks``
-pair whose pack hook counts storage bytes into the row of the innermost running module, and its
-post-hook pops the pair and publishes the counts. Hooks never raise: failures are counted by
-``hook_errors()`` and the first one is logged.
+owns the state they use and sets it up. What a forward costs is kept small on purpose:
+
+- **Permanent hooks sit on the entries only**: the root, and until the root is seen running a
+  grad-enabled forward, its top-level hooked children (a ``LightningModule`` whose
+  ``training_step`` calls ``self.net`` never calls the root). They count nesting and sample the
+  step peak at the end of each outermost forward.
+- **A forward is recorded at most once per** ``RECORD_INTERVAL_S``. Only then does the entry's
+  pre-hook push a ``saved_tensors_hooks`` pair (the pack hook adds each saved storage's bytes to
+  the row of the innermost running module) and register the row hooks of the other hooked
+  modules; its post-hook pops the pair and publishes the counts. The row hooks stay while every
+  forward is recorded (slow steps), and come off at the first forward that is not: forwards in
+  between recordings pay two hook calls per entry and nothing per module.
+- Entries recorded between two optimizer steps add up (an encoder and a decoder called one after
+  the other); entering the same entry again starts a new count (the next micro-batch).
+
+Hooks never raise: failures are counted by ``hook_errors()`` and the first one is logged.
 """
 
 from __future__ import annotations
@@ -12,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
@@ -20,11 +33,16 @@ from typing import Any, cast
 import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
+from torch.utils.hooks import RemovableHandle
 
-from memexporter.tracking.ledger import ParamCount, Plan, storage
+from memexporter.tracking.ledger import ParamCount, storage
+from memexporter.tracking.plan import Plan
 from memexporter.tracking.snapshots import Snapshot
 
 log = logging.getLogger("memexporter")
+
+RECORD_INTERVAL_S = 1.0
+"""A grad-enabled forward is recorded (activation bytes per row) at most this often."""
 
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
@@ -33,6 +51,7 @@ _hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled  # type: ign
 _graph_task = torch._C._current_graph_task_id  # -1 outside backward
 # Run a hook eagerly even inside a compiled region (a graph break; 0.6 us per call in eager).
 _eager = cast(Callable[[Callable[..., None]], Callable[..., None]], torch.compiler.disable)
+_Parameter = nn.Parameter
 
 _errors = 0
 _errors_lock = threading.Lock()
@@ -70,7 +89,7 @@ def _identity(x: Any) -> Any:
 
 
 class ForwardHooks:
-    """The forward pre-hooks and hooks of a ``TrackHandle``: running-module stack, saved-tensor bytes."""
+    """The entry hooks, row hooks and saved-tensor pack hook of a ``TrackHandle``."""
 
     # Set up by TrackHandle.__init__ (only annotated here, for the type checker).
     _plan: Plan
@@ -82,36 +101,101 @@ class ForwardHooks:
     _depth: int
     _ctx: saved_tensors_hooks | None
     _acc: list[int]
+    _seen: set[int]
+    _window: set[int]  # entry rows counted into _acc since the last optimizer step
+    _recorded_at: float
+    _entry: int  # row of the entry being recorded
+    _root_seen: bool
+    _entry_hooks: list[RemovableHandle]  # the top-level children's, until the root is seen
+    _row_hooks: list[RemovableHandle]  # while forwards are recorded
     _allocated: Callable[[], int] | None
     _dacc: list[int] | None
     _before: list[int]
     _deltas: Mapping[str, int]
     _removed: bool
     _sample: Callable[[], None]
-    remove: Callable[[], None]  # TrackHandle.remove
+    _finish_remove: Callable[[], None]  # TrackHandle
     _refresh_params: Callable[[], None]  # StepHooks._refresh_params
 
-    def _sub_hooks(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
+    def _entry_hooks_for(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
+        def pre(m: nn.Module, args: Any) -> None:
+            self._enter(row)
+
+        def post(m: nn.Module, args: Any, out: Any) -> None:
+            self._leave()
+        return _eager(pre), _eager(post)
+
+    def _enter(self, row: int) -> None:
+        if self._removed:  # removed while a forward ran on another thread: finish now
+            self._finish_remove()
+            return
+        self._depth += 1
+        try:
+            if self._depth > 1:  # an entry called inside another (a child inside the root)
+                if self._ctx is not None:
+                    self._stack.append(row)
+                return
+            # Only a grad-enabled forward on the owning process records. A checkpoint recompute
+            # runs inside backward (a graph task is running): it is not a new forward.
+            if not (torch.is_grad_enabled() and _graph_task() == -1 and os.getpid() == self._pid
+                    and _hooks_enabled()):
+                return
+            if row == 0 and not self._root_seen:  # the root is called: the children need no entry hooks
+                self._root_seen = True
+                self._detach(self._entry_hooks)
+                self._detach(self._row_hooks)  # registered without the entries: register afresh
+            if self._window and row not in self._window:
+                self._window.add(row)  # another part of the same forward pass: add up
+            else:
+                now = time.monotonic()
+                if now - self._recorded_at < RECORD_INTERVAL_S:
+                    self._window = set()
+                    self._detach(self._row_hooks)  # forwards come faster than we record: hooks off
+                    return
+                self._recorded_at, self._window = now, {row}
+                self._acc = [0] * len(self._snap.layout.names)
+                self._refresh_params()
+                self._seen = set(self._params.exclude)
+            self._begin(row)
+        except Exception:
+            _fail("forward pre-hook")
+
+    def _leave(self) -> None:
+        try:
+            self._depth = max(0, self._depth - 1)
+            if self._depth:
+                if self._ctx is not None and len(self._stack) > 1:
+                    self._stack.pop()
+                return
+            self._stack.clear()  # also heals a stack left unbalanced by a failed hook
+            if self._ctx is not None:
+                self._end()
+            if self._removed:
+                self._finish_remove()
+            self._sample()
+        except Exception:
+            _fail("forward hook")
+
+    def _row_hooks_for(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
         stack, before, allocated = self._stack, self._before, self._allocated
         if allocated is None:
             def pre(m: nn.Module, args: Any) -> None:
                 stack.append(row)
 
             def post(m: nn.Module, args: Any, out: Any) -> None:
-                if stack:
+                if len(stack) > 1:
                     stack.pop()
             return pre, post
 
         def dpre(m: nn.Module, args: Any) -> None:
             stack.append(row)
             try:
-                if self._dacc is not None:
-                    before.append(allocated())
+                before.append(allocated())
             except Exception:
                 _fail("forward pre-hook (cuda_forward_delta)")
 
         def dpost(m: nn.Module, args: Any, out: Any) -> None:
-            if stack:
+            if len(stack) > 1:
                 stack.pop()
             try:
                 if self._dacc is not None and before:
@@ -120,52 +204,35 @@ class ForwardHooks:
                 _fail("forward hook (cuda_forward_delta)")
         return dpre, dpost
 
-    def _root_pre(self, module: nn.Module, args: Any) -> None:
-        if self._removed:  # removed while the last forward ran on another thread: finish now
-            self.remove()
-            return
-        self._stack.append(0)
-        self._depth += 1
-        try:
-            # Only the outermost, grad-enabled forward on the owning process records. A checkpoint
-            # recompute runs inside backward (a graph task is running): it is not a new forward.
-            if (self._depth == 1 and torch.is_grad_enabled() and _graph_task() == -1
-                    and os.getpid() == self._pid and _hooks_enabled()):
-                self._begin()
-        except Exception:
-            _fail("root forward pre-hook")
+    @staticmethod
+    def _detach(handles: list[RemovableHandle]) -> None:
+        for h in handles:
+            h.remove()
+        handles.clear()
 
-    def _root_post(self, module: nn.Module, args: Any, out: Any) -> None:
-        try:
-            self._depth = max(0, self._depth - 1)
-            if self._depth:
-                if self._stack:
-                    self._stack.pop()
-                return
-            self._stack.clear()  # also heals a stack left unbalanced by a failed hook
-            if self._ctx is not None:
-                self._end()
-            self._sample()
-        except Exception:
-            _fail("root forward hook")
-
-    def _begin(self) -> None:
-        self._refresh_params()
-        acc = self._acc = [0] * len(self._snap.layout.names)
-        seen, stack = set(self._params.exclude), self._stack
+    def _begin(self, row: int) -> None:
+        acc, seen, stack = self._acc, self._seen, self._stack
+        stack.append(row)
+        self._entry = row
         top = _top_hooks(True)
         # Torch applies only the innermost pair, so ours calls the pair it shadows. If that pair is
         # another tracked model's (a teacher inside a student), skip it: innermost module wins.
         chain = getattr(top[0], "memexporter_chain", top) if top is not None else None
         outer_pack, unpack = chain if chain is not None else (None, _identity)
+        # Sharded models: FSDP2 all-gathers each module's parameters into fresh storage for its
+        # forward. Saved (or viewed) parameters are parameters, not activations.
+        sharded = self._params.unsharded is not None
 
         def pack(t: torch.Tensor) -> Any:
             try:
-                s = t.untyped_storage()
-                ptr = s.data_ptr()
-                if ptr not in seen:
-                    seen.add(ptr)
-                    acc[stack[-1]] += s.nbytes()
+                if sharded and (isinstance(t, _Parameter) or isinstance(t._base, _Parameter)):
+                    pass
+                else:
+                    s = t.untyped_storage()
+                    ptr = s.data_ptr()
+                    if ptr not in seen:
+                        seen.add(ptr)
+                        acc[stack[-1]] += s.nbytes()
             except Exception:
                 _record_slow(t, seen, acc, stack)
             # Never the tensor itself: a saved output would then reference its own grad_fn (a cycle).
@@ -175,6 +242,13 @@ class ForwardHooks:
         ctx = saved_tensors_hooks(pack, unpack)
         ctx.__enter__()
         self._ctx = ctx
+        if not self._row_hooks:  # kept from the last forward when every forward is recorded
+            entries = {id(m) for m, _ in self._plan.entries} if self._entry_hooks else set()
+            for m, r in self._plan.hooked:
+                if id(m) not in entries:
+                    pre, post = self._row_hooks_for(r)
+                    self._row_hooks.append(m.register_forward_pre_hook(pre))
+                    self._row_hooks.append(m.register_forward_hook(post, always_call=True))
         if self._allocated is not None:
             self._before.clear()
             self._before.append(self._allocated())
@@ -202,7 +276,7 @@ class ForwardHooks:
             self._snap = replace(self._snap, activation=tuple(self._acc))
         dacc, self._dacc = self._dacc, None
         if dacc is not None and self._allocated is not None and self._before:
-            dacc[0] = self._allocated() - self._before.pop()
+            dacc[self._entry] = self._allocated() - self._before.pop()
             names = self._snap.layout.names
             rows = [0] + [row for _, row in self._plan.hooked]
             self._deltas = MappingProxyType({names[r]: dacc[r] for r in rows})

@@ -1,131 +1,115 @@
-"""The module ledger, on the training thread: the row plan of a model and its byte counting.
+"""The module ledger, on the training thread: byte counting over a ``plan.Plan``.
 
-``track()`` builds a ``Plan`` once; the hooks in ``tracking/hooks.py`` and
-``tracking/optimizer.py`` call the counting functions here and publish the results as an
-immutable ``snapshots.Snapshot``, which is all the scrape thread reads (DESIGN.md §2 rule 4).
+The hooks in ``tracking/hooks.py`` and ``tracking/optimizer.py`` call the counting functions here
+and publish the results as an immutable ``snapshots.Snapshot``, which is all the scrape thread
+reads (DESIGN.md §2 rule 4).
 
-Bytes are storage bytes (``untyped_storage().nbytes()``), each storage counted once, keyed by
-``untyped_storage().data_ptr()``: views and tied weights share a storage, so they count once.
+Bytes follow storage, each piece of memory counted once:
+
+- parameters, gradients and optimizer state count their **own** bytes (``owned``): a tied weight
+  is one tensor, counted once; a view into a shared bucket is charged to its own parameter;
+- saved activations count the **whole storage** they keep alive (``storage``), once per forward;
+- a DTensor (FSDP2, tensor parallel) counts its local shard: what this rank holds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from torch import nn
 from torch.optim import Optimizer
 
-from memexporter.tracking.snapshots import ROOT_LABEL, Layout
+from memexporter.tracking.plan import Plan
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory this rank holds: a DTensor's local shard (FSDP2, tensor parallel)."""
+    while True:
+        inner = getattr(t, "_local_tensor", None)
+        if not isinstance(inner, torch.Tensor):
+            return t
+        t = inner
 
 
 def storage(t: torch.Tensor) -> tuple[int, int]:
-    """``(identity, bytes)`` of the memory a tensor holds: its storage, so views count once."""
+    """``(identity, bytes)`` of the memory a tensor holds alive: its whole storage, so views count
+    once. For activations: a saved view keeps its whole storage alive."""
+    t = local(t)
     if t.is_sparse:
         v, i = t._values(), t._indices()
         return id(t), v.numel() * v.element_size() + i.numel() * i.element_size()
     try:
         s = t.untyped_storage()
-    except Exception:  # wrapper subclasses (DTensor) hold a local tensor; others: the logical size
-        local = getattr(t, "_local_tensor", None)
-        return storage(local) if isinstance(local, torch.Tensor) else (id(t), t.numel() * t.element_size())
-    ptr = s.data_ptr()
+        ptr = s.data_ptr()
+    except Exception:  # other wrapper subclasses and storage-less tensors: the logical size
+        return id(t), t.numel() * t.element_size()
     return (ptr, s.nbytes()) if ptr else (0, 0)  # meta or empty: holds no memory
 
 
-def unwrap(model: nn.Module) -> tuple[nn.Module, bool]:
-    """The module whose tree is reported under torch.compile / DDP wrappers, and if it is compiled."""
-    inner, compiled = model, False
-    while True:
-        kind, children = type(inner).__name__, inner._modules
-        if kind == "OptimizedModule" and isinstance(children.get("_orig_mod"), nn.Module):
-            inner, compiled = children["_orig_mod"], True  # type: ignore[assignment]
-        elif kind in ("DistributedDataParallel", "DataParallel") and isinstance(children.get("module"), nn.Module):
-            inner = children["module"]  # type: ignore[assignment]
-        else:
-            return inner, compiled
+def owned(t: torch.Tensor) -> tuple[int, int]:
+    """``(identity, bytes)`` of a parameter, gradient or optimizer-state tensor: its own bytes.
 
-
-Slot = tuple[dict[str, Any], str, int]
-
-
-class Plan:
-    """The module tree, read once at track time: candidate rows, hooked modules, tensor slots.
-
-    Row 0 is the root; rows 1.. are the modules at most ``depth`` levels down, in pre-order.
-    A deeper module belongs to its ancestor at ``depth``. Slots are ``(module._parameters or
-    module._buffers, name, row)``, looked up on each use: a parameter replaced by ``.to()`` or
-    ``load_state_dict(assign=True)`` is seen, and the old one is not kept alive.
+    A view into a shared buffer (DDP's ``gradient_as_bucket_view``, a flat parameter) counts its
+    own elements, keyed by its first element's address, so each parameter is charged for its own
+    slice and the buffer is counted once in pieces. Never more than the storage holds (an
+    expanded tensor). A DTensor counts its local shard.
     """
-
-    def __init__(self, root: nn.Module, depth: int) -> None:
-        self.paths, self.parents = [""], [-1]
-        self.hooked: list[tuple[nn.Module, int]] = []
-        index, row_of = {"": 0}, {}
-        mods = list(root.named_modules())  # a module shared in two places is listed once
-        for path, m in mods:
-            parts = path.split(".") if path else []
-            if 0 < len(parts) <= depth:
-                index[path] = row_of[id(m)] = len(self.paths)
-                self.parents.append(index[".".join(parts[:-1])])
-                self.paths.append(path)
-                self.hooked.append((m, row_of[id(m)]))
-            else:
-                row_of[id(m)] = index[".".join(parts[:depth])]
-        self.params: list[Slot] = []
-        self.buffers: list[Slot] = []
-        seen: set[int] = set()
-        for _, m in mods:
-            for slots, tensors in ((self.params, m._parameters), (self.buffers, m._buffers)):
-                for name, t in tensors.items():
-                    if t is not None and id(t) not in seen:  # a tied weight belongs to its first owner
-                        seen.add(id(t))
-                        slots.append((tensors, name, row_of[id(m)]))
-        self.slots = self.params + self.buffers
-
-    def layout(self, prefix: str) -> Layout:
-        names = tuple((f"{prefix}.{p}" if prefix else p) if p else (prefix or ROOT_LABEL) for p in self.paths)
-        return Layout(names, tuple(self.parents))
-
-    def fingerprint(self) -> tuple[int, ...]:
-        """Data pointers of every parameter and buffer: changes when ``.to()``/``.half()`` moves them."""
-        return tuple(0 if (t := d.get(k)) is None else t.data_ptr() for d, k, _ in self.slots)
-
-    def tensors(self, slots: list[Slot]) -> list[tuple[torch.Tensor, int]]:
-        return [(t, row) for d, k, row in slots if (t := d.get(k)) is not None]
+    t = local(t)
+    if t.is_sparse:
+        return storage(t)
+    try:
+        ptr, cap = t.data_ptr(), t.untyped_storage().nbytes()
+    except Exception:
+        return id(t), t.numel() * t.element_size()
+    return (ptr, min(t.numel() * t.element_size(), cap)) if ptr else (0, 0)
 
 
 @dataclass(frozen=True)
 class ParamCount:
     """Parameter bytes per row, and what the hooks need to know about the parameters."""
 
-    bytes: tuple[int, ...]
+    bytes: tuple[int, ...]  # local bytes: what this rank holds
+    unsharded: tuple[int, ...] | None  # global bytes of DTensor parameters; None: nothing sharded
     exclude: frozenset[int]  # storage keys of parameters and buffers: not activations
     param_ids: frozenset[int]
     cuda_index: int | None  # device of the first CUDA parameter
+    failed: int = 0  # tensors that could not be read (skipped)
 
 
 def count_params(plan: Plan) -> ParamCount:
-    out = [0] * len(plan.paths)
-    seen = {0}
+    """Parameter bytes per row (each tensor's own bytes, once), and their unsharded size if sharded.
+
+    A tensor that cannot be read is skipped and counted in ``failed``: ``track()`` must never raise.
+    """
+    out, full = [0] * len(plan.paths), [0] * len(plan.paths)
+    seen, exclude = {0}, {0}
+    sharded, failed, cuda = False, 0, None
     params = plan.tensors(plan.params)
     for p, row in params:
-        key, nbytes = storage(p)
-        if key not in seen:
-            seen.add(key)
-            out[row] += nbytes
-    seen.update(storage(b)[0] for b, _ in plan.tensors(plan.buffers))
-    cuda = [p.device.index or 0 for p, _ in params if p.device.type == "cuda"]
-    return ParamCount(tuple(out), frozenset(seen), frozenset(id(p) for p, _ in params), cuda[0] if cuda else None)
+        try:
+            key, nbytes = owned(p)
+            exclude.add(storage(p)[0])
+            is_dtensor = local(p) is not p
+            sharded = sharded or is_dtensor
+            if key not in seen:
+                seen.add(key)
+                out[row] += nbytes
+                full[row] += p.numel() * p.element_size() if is_dtensor else nbytes
+            if cuda is None and p.device.type == "cuda":
+                cuda = p.device.index or 0
+        except Exception:
+            failed += 1
+    for b, _ in plan.tensors(plan.buffers):
+        try:
+            exclude.add(storage(b)[0])
+        except Exception:
+            failed += 1
+    return ParamCount(tuple(out), tuple(full) if sharded else None, frozenset(exclude),
+                      frozenset(id(p) for p, _ in params), cuda, failed)
 
 
 def _add(t: torch.Tensor, seen: set[int], out: list[int], row: int) -> None:
-    try:  # the fast path of storage(), inlined: this runs for every tensor at every counted step
-        st = t.untyped_storage()
-        key, nbytes = st.data_ptr(), st.nbytes()
-    except Exception:
-        key, nbytes = storage(t)
+    key, nbytes = owned(t)
     if key not in seen:
         seen.add(key)
         out[row] += nbytes

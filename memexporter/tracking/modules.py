@@ -1,21 +1,17 @@
 """Per-module memory tracking, on the training thread: hooks, byte counts, published snapshots.
 
-``track(model, optimizer)`` walks the module tree once and hooks it:
+``track(model, optimizer)`` reads the model's row plan once (``plan.Plan``) and hooks it:
 
-- a forward pre-hook / forward hook pair on the root and on every module at most ``depth`` levels
-  down keeps a stack of running rows, so a saved tensor goes to the innermost running module;
-- for each grad-enabled forward of the root, a ``saved_tensors_hooks`` pair entered in the root's
-  pre-hook and left in its post-hook counts the storage bytes saved for backward (each storage
-  once; parameters and buffers excluded). It chains to the pair that was active before the
-  forward (``save_on_cpu``, the user's own), because torch applies only the innermost pair;
-- an optimizer step post-hook counts ``.grad`` and optimizer-state bytes.
+- forward pre-hooks and hooks on the model's entries (the root, and its top-level children until
+  the root is seen running) count nesting; a forward is recorded at most once a second, and then
+  the row hooks and a ``saved_tensors_hooks`` pair count the bytes saved for backward per row
+  (``hooks.py``);
+- an optimizer step post-hook counts ``.grad`` and optimizer-state bytes (``optimizer.py``).
 
-Every figure is computed here and published as an immutable ``snapshots.Snapshot``; the collector
-reads only that (DESIGN.md §2 rule 4). Hooks never raise: failures are counted by
-``hook_errors()`` and the first one is logged. See docs/modules.md.
-
-This module holds ``track()`` and the handle; the hook methods the handle registers live in
-``hooks.py`` (forward, saved tensors) and ``optimizer.py`` (optimizer steps).
+Every figure is computed on the training thread and published as an immutable
+``snapshots.Snapshot``; the collector reads only that (DESIGN.md §2 rule 4). Nothing here raises
+into training: hooks count their failures (``hook_errors()``), and ``track()`` itself raises only
+for bad arguments; a model it cannot read is logged, counted and skipped. See docs/modules.md.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from itertools import chain, count
 from types import MappingProxyType, TracebackType
 
@@ -36,12 +32,12 @@ from torch.utils.hooks import RemovableHandle
 
 from memexporter.config import resolve_knob
 from memexporter.tracking import ledger, snapshots
-from memexporter.tracking.hooks import ForwardHooks, _eager, _top_hooks, hook_errors
-from memexporter.tracking.ledger import Plan, unwrap
+from memexporter.tracking.hooks import ForwardHooks, _fail, _top_hooks, hook_errors
 
 # Re-exported for callers of the public module; the hooks read them in tracking/optimizer.py.
 from memexporter.tracking.optimizer import STEP_COUNT_INTERVAL_S as STEP_COUNT_INTERVAL_S  # noqa: PLC0414
 from memexporter.tracking.optimizer import StepHooks
+from memexporter.tracking.plan import Plan, unwrap
 from memexporter.tracking.snapshots import ROOT_LABEL, Snapshot, active_handles
 
 __all__ = ["ROOT_LABEL", "TrackHandle", "active_handles", "hook_errors", "track"]
@@ -67,12 +63,20 @@ class TrackHandle(ForwardHooks, StepHooks):
         layout = plan.layout(prefix)
         zeros = (0,) * len(layout.names)
         self._params, self._fingerprint = ledger.count_params(plan), plan.fingerprint()
-        self._snap = Snapshot(layout, max_modules, self._params.bytes, zeros, zeros, zeros)
+        if self._params.failed:
+            _skipped(model, self._params.failed)
+        self._snap = Snapshot(layout, max_modules, self._params.bytes, zeros, zeros, zeros, self._params.unsharded)
         self._write = threading.Lock()  # writers only (training threads); scrapes never take it
-        self._stack: list[int] = []  # rows of the modules running now, innermost last
-        self._depth = 0  # nesting of root forwards
+        self._stack: list[int] = []  # rows of the modules running now, innermost last (recorded forwards)
+        self._depth = 0  # nesting of entry forwards
         self._ctx: saved_tensors_hooks | None = None  # our pair, while a recorded forward runs
         self._acc: list[int] = []
+        self._seen: set[int] = set()
+        self._window: set[int] = set()
+        self._recorded_at = -1e18
+        self._entry = 0
+        self._root_seen = compiled  # a compiled root: its children are traced, never entries
+        self._row_hooks: list[RemovableHandle] = []
         self._opt_state: weakref.WeakKeyDictionary[Optimizer, tuple[int, ...]] = weakref.WeakKeyDictionary()
         self._counted: weakref.WeakKeyDictionary[Optimizer, float] = weakref.WeakKeyDictionary()
         self._holds: weakref.WeakKeyDictionary[Optimizer, tuple[int, bool]] = weakref.WeakKeyDictionary()
@@ -84,22 +88,27 @@ class TrackHandle(ForwardHooks, StepHooks):
         self._sample = _sampler()
         if cuda_forward_delta and allocated is None and self._params.cuda_index is None:
             log.warning("memexporter: cuda_forward_delta=True, but %s has no CUDA parameters yet", type(model).__name__)
-        # The root hooks always run eagerly, also under model.compile(): they push saved-tensor hooks.
-        hooks: list[RemovableHandle] = [
-            model.register_forward_pre_hook(_eager(self._root_pre), prepend=True),
-            model.register_forward_hook(_eager(self._root_post), always_call=True),
-        ]
-        # Under torch.compile(model) Dynamo traces the inner modules: hooks there would run at
-        # trace time, not interleaved with the saves, so activations go to the root row instead.
-        for m, row in [] if compiled else plan.hooked:
-            pre, post = self._sub_hooks(row)
-            hooks.append(m.register_forward_pre_hook(pre))
-            hooks.append(m.register_forward_hook(post, always_call=True))
-        if optimizers is None:
-            hooks.append(register_optimizer_step_post_hook(self._on_any_step))
-        else:
-            hooks.extend(o.register_step_post_hook(self._on_step) for o in optimizers)
-        self._hooks = hooks
+        # All or nothing: a hook that fails to register takes the ones before it off again.
+        self._hooks: list[RemovableHandle] = []
+        self._entry_hooks: list[RemovableHandle] = []
+        try:
+            # The root's hooks come first and run eagerly, also under model.compile().
+            pre, post = self._entry_hooks_for(0)
+            self._hooks.append(model.register_forward_pre_hook(pre, prepend=True))
+            self._hooks.append(model.register_forward_hook(post, always_call=True))
+            # Under torch.compile(model) Dynamo traces the inner modules: hooks there would run at
+            # trace time, not interleaved with the saves, so activations go to the root row instead.
+            for m, row in [] if compiled else plan.entries:
+                pre, post = self._entry_hooks_for(row)
+                self._entry_hooks.append(m.register_forward_pre_hook(pre))
+                self._entry_hooks.append(m.register_forward_hook(post, always_call=True))
+            if optimizers is None:
+                self._hooks.append(register_optimizer_step_post_hook(self._on_any_step))
+            else:
+                self._hooks.extend(o.register_step_post_hook(self._on_step) for o in optimizers)
+        except BaseException:
+            self._finish_remove()
+            raise
         snapshots.register(self)
 
     # --- the collector's side ------------------------------------------------------------------
@@ -119,21 +128,24 @@ class TrackHandle(ForwardHooks, StepHooks):
     def remove(self) -> None:
         """Remove every hook and stop exporting this model's rows. Idempotent.
 
-        Called from another thread while a forward is being recorded, it leaves the two root
-        hooks: the forward's end pops our saved-tensor hooks (only that thread can), and the next
-        forward removes them.
+        Called from another thread while a forward is being recorded, it leaves the hooks to
+        that forward's end: only that thread can pop our saved-tensor hooks, and removing a
+        module's hooks while it runs would change the dicts torch is iterating.
         """
         self._removed = True
         snapshots.unregister(self)
         ctx = self._ctx
-        top = _top_hooks(True)
-        if ctx is not None and top is not None and top[0] is ctx.pack_hook:  # mid-forward, this thread
-            self._ctx = None
+        if ctx is not None:
+            top = _top_hooks(True)
+            if top is None or top[0] is not ctx.pack_hook:
+                return  # recording on another thread: its entry post-hook finishes the removal
+            self._ctx = None  # mid-forward, on this thread
             ctx.__exit__(None, None, None)
-        keep = self._hooks[:2] if self._ctx is not None else []
-        for h in self._hooks[len(keep):]:
-            h.remove()
-        self._hooks = keep
+        self._finish_remove()
+
+    def _finish_remove(self) -> None:
+        for handles in (self._hooks, self._entry_hooks, self._row_hooks):
+            self._detach(handles)
 
     def __enter__(self) -> TrackHandle:
         return self
@@ -168,31 +180,62 @@ def _sampler() -> Callable[[], None]:
         return _noop
 
 
-def _optimizers(optimizer: Optimizer | Iterable[Optimizer] | None) -> list[Optimizer] | None:
+def inner_optimizer(optimizer: object) -> Optimizer | None:
+    """The torch optimizer under framework wrappers (accelerate's ``AcceleratedOptimizer``,
+    Lightning's ``LightningOptimizer``, any object with an inner ``.optimizer``), or None.
+
+    A wrapper that subclasses ``Optimizer`` without its set-up (accelerate's) has none of its
+    hooks: the inner one is the optimizer that steps, once per step taken through the wrapper.
+    """
+    for _ in range(8):  # wrappers of wrappers, but never a cycle
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer:
+            return optimizer if isinstance(optimizer, Optimizer) else None
+        optimizer = inner
+    return None
+
+
+def _optimizers(optimizer: object) -> list[Optimizer] | None:
     if optimizer is None:
         return None
-    bad = f"memexporter: optimizer must be a torch.optim.Optimizer or a list of them, got {optimizer!r}"
+    bad = ("memexporter: optimizer must be a torch.optim.Optimizer (or a framework wrapper of one, "
+           f"with an inner .optimizer) or a list of them, got {optimizer!r}")
+    single = inner_optimizer(optimizer)
+    if single is not None:
+        return [single]
     try:
-        opts = [optimizer] if isinstance(optimizer, Optimizer) else list(optimizer)
+        opts = [inner_optimizer(o) for o in optimizer]  # type: ignore[attr-defined]
     except TypeError:
         raise TypeError(bad) from None
-    if not all(isinstance(o, Optimizer) for o in opts):
+    if not all(o is not None for o in opts):
         raise TypeError(bad)
-    return opts
+    return [o for o in opts if o is not None]
 
 
-def track(model: nn.Module, optimizer: Optimizer | Iterable[Optimizer] | None = None, *,
+def _skipped(model: nn.Module, failed: int) -> None:
+    """Log once (and count) tensors of ``model`` that could not be read: they are left out."""
+    try:
+        raise RuntimeError(f"{failed} parameter or buffer tensor(s) of {type(model).__name__} could not be read")
+    except RuntimeError:
+        _fail("track() (those tensors are left out of the rows)")
+
+
+def track(model: nn.Module, optimizer: object = None, *,
           depth: int | None = None, max_modules: int | None = None, prefix: str | None = None,
           cuda_forward_delta: bool = False, allocated: Callable[[], int] | None = None) -> TrackHandle:
     """Export per-module parameter, gradient, optimizer-state and activation bytes of ``model``.
 
-    ``optimizer``: the optimizer(s) whose state to attribute; ``None`` watches every optimizer
-    step (global hook) and keeps the optimizers that hold this model's parameters. ``depth`` and
-    ``max_modules`` default to the ``module_depth`` / ``max_modules`` knobs (``MEMEXPORTER_*``).
-    ``prefix`` starts every ``module`` label of this model; by default the first free of ``""``,
-    the class name, ``model1``, ``model2``... so two tracked models never share a row.
-    ``cuda_forward_delta``: also record allocated bytes around each hooked module's forward
-    (``TrackHandle.forward_deltas()``), read with ``allocated()`` if given, else from the backend.
+    ``optimizer``: the optimizer(s) whose state to attribute (framework wrappers are unwrapped);
+    ``None`` watches every optimizer step (global hook) and keeps the optimizers that hold this
+    model's parameters. ``depth`` and ``max_modules`` default to the ``module_depth`` /
+    ``max_modules`` knobs (``MEMEXPORTER_*``). ``prefix`` starts every ``module`` label of this
+    model; by default the first free of ``""``, the class name, ``model1``, ``model2``... so two
+    tracked models never share a row. ``cuda_forward_delta``: also record allocated bytes around
+    each hooked module's forward (``TrackHandle.forward_deltas()``), read with ``allocated()`` if
+    given, else from the backend.
+
+    Raises ``TypeError``/``ValueError`` for bad arguments only. A model that cannot be read or
+    hooked is logged once and counted in ``hook_errors()``; the handle returned then tracks nothing.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memexporter: track() needs an nn.Module, got {model!r}")
@@ -205,7 +248,11 @@ def track(model: nn.Module, optimizer: Optimizer | Iterable[Optimizer] | None = 
     for h in active_handles():
         if isinstance(h, TrackHandle) and unwrap(h.model)[0] is inner:
             raise ValueError(f"memexporter: model {type(model).__name__} is already tracked; remove() its handle first")
-    plan = Plan(inner, depth)
+    try:
+        plan = Plan(inner, depth)
+    except Exception:
+        _fail("track() (reading the module tree; this model is not tracked)")
+        return _untracked(model, depth, max_modules)
     with _track_lock:  # two threads tracking at once must not pick the same prefix
         taken = {name for h in active_handles() for name in h.snapshot().layout.names}
         if prefix is not None:
@@ -214,6 +261,17 @@ def track(model: nn.Module, optimizer: Optimizer | Iterable[Optimizer] | None = 
         else:
             candidates = chain(["", type(inner).__name__], (f"model{i}" for i in count(1)))
             prefix = next(p for p in candidates if not taken & set(plan.layout(p).names))
-        return TrackHandle(model, plan, prefix, max_modules, opts, cuda_forward_delta, allocated)
+        try:
+            return TrackHandle(model, plan, prefix, max_modules, opts, cuda_forward_delta, allocated)
+        except Exception:  # the handle took its own hooks off again
+            _fail("track() (hooking the model; this model is not tracked)")
+            return _untracked(model, depth, max_modules)
 
 
+def _untracked(model: nn.Module, depth: int, max_modules: int) -> TrackHandle:
+    """A removed handle over an empty plan: what ``track()`` returns when it could not track
+    ``model``, so that the caller's ``remove()`` and ``with`` still work."""
+    handle = TrackHandle(nn.Module(), Plan(nn.Module(), depth), "", max_modules, [])
+    handle.remove()
+    handle.model = model
+    return handle

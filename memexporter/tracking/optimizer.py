@@ -19,7 +19,8 @@ from torch.optim import Optimizer
 
 from memexporter.tracking import ledger
 from memexporter.tracking.hooks import _fail
-from memexporter.tracking.ledger import ParamCount, Plan
+from memexporter.tracking.ledger import ParamCount
+from memexporter.tracking.plan import Plan
 from memexporter.tracking.snapshots import Snapshot
 
 STEP_COUNT_INTERVAL_S = 1.0
@@ -33,21 +34,23 @@ class StepHooks:
     _plan: Plan
     _pid: int
     _params: ParamCount
-    _fingerprint: tuple[int, ...]
+    _fingerprint: tuple[tuple[int, int], ...]
     _snap: Snapshot
     _write: threading.Lock
     _opt_state: weakref.WeakKeyDictionary[Optimizer, tuple[int, ...]]
     _counted: weakref.WeakKeyDictionary[Optimizer, float]
     _holds: weakref.WeakKeyDictionary[Optimizer, tuple[int, bool]]
+    _window: set[int]
 
     def _refresh_params(self) -> None:
-        """Recount parameter bytes if any parameter or buffer storage moved (``.to()``, ``.half()``)."""
+        """Recount parameter bytes if any parameter or buffer moved (``.to()``, ``.half()``) or was
+        replaced (``fully_shard`` after ``track()``)."""
         fp = self._plan.fingerprint()
         if fp != self._fingerprint:
             self._params = ledger.count_params(self._plan)
             self._fingerprint = fp
             with self._write:
-                self._snap = replace(self._snap, parameter=self._params.bytes)
+                self._snap = replace(self._snap, parameter=self._params.bytes, unsharded=self._params.unsharded)
 
     def _on_any_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         # The global hook sees every optimizer: keep those that hold this model's parameters.
@@ -68,6 +71,7 @@ class StepHooks:
         try:
             if os.getpid() != self._pid:
                 return
+            self._window = set()  # the forward pass is over: the next entry starts a new count
             # Counting touches every .grad and state tensor (~2 us per parameter): do it at the
             # first step of each optimizer, then at most every STEP_COUNT_INTERVAL_S seconds.
             now = time.monotonic()

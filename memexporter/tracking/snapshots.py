@@ -25,9 +25,11 @@ FAMILIES = (
     "memexporter_module_gradient_bytes",
     "memexporter_module_optimizer_state_bytes",
     "memexporter_module_activation_bytes",
+    # Only for models with sharded (DTensor) parameters: the unsharded size of the same parameters.
+    "memexporter_module_parameter_unsharded_bytes",
 )
 
-Row = tuple[str, tuple[int, int, int, int]]
+Row = tuple[str, tuple[int, ...]]
 
 ROOT_LABEL = "(root)"
 """``module`` label of the root's own row (its direct parameters) when the prefix is empty."""
@@ -51,7 +53,8 @@ class Snapshot:
 
     ``parameter``: at track time and whenever the parameters' storage changed (``.to()``);
     ``gradient``/``optimizer_state``: at the last optimizer step; ``activation``: during the last
-    grad-enabled forward of the root.
+    grad-enabled forward (at most one a second); ``unsharded``: the global bytes of the parameters,
+    ``None`` unless some parameter is a DTensor (FSDP2, tensor parallel).
     """
 
     layout: Layout
@@ -60,6 +63,7 @@ class Snapshot:
     gradient: tuple[int, ...]
     optimizer_state: tuple[int, ...]
     activation: tuple[int, ...]
+    unsharded: tuple[int, ...] | None = None
 
 
 class SnapshotSource(Protocol):
@@ -74,12 +78,15 @@ def fold(snap: Snapshot) -> list[Row]:
     Repeatedly merges the leaf with the fewest bytes (all four families together) into its parent
     until the cap holds. Ties fold the later module first, so the result is deterministic. Rows
     that end with zero bytes in every family are left out, except the root, which is always
-    there (so the four families exist as soon as a model is tracked).
+    there (so the four families exist as soon as a model is tracked). A row's values are the four
+    families, then ``unsharded`` when the snapshot has it (folded alike, not used for the choice).
     """
     names, parents = snap.layout.names, snap.layout.parents
     n = len(names)
     cols = [list(snap.parameter), list(snap.gradient), list(snap.optimizer_state), list(snap.activation)]
     total = [cols[0][i] + cols[1][i] + cols[2][i] + cols[3][i] for i in range(n)]
+    if snap.unsharded is not None:
+        cols.append(list(snap.unsharded))
     children = [0] * n
     for i in range(1, n):
         children[parents[i]] += 1
@@ -101,7 +108,7 @@ def fold(snap: Snapshot) -> list[Row]:
         if children[p] == 0 and p != 0:
             heapq.heappush(heap, (total[p], -p))
     return [
-        (names[i], (cols[0][i], cols[1][i], cols[2][i], cols[3][i]))
+        (names[i], tuple(col[i] for col in cols))
         for i in range(n)
         if alive[i] and (i == 0 or total[i] > 0)
     ]

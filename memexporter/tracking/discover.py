@@ -1,0 +1,141 @@
+"""Find the model to track when the user named none (the ``auto_track`` knob: on under
+``memexporter run`` and the ``MEMEXPORTER_AUTOSTART`` bootstrap, which know no model).
+
+The model is the outermost module whose forward runs with grad enabled and whose parameters an
+optimizer steps:
+
+- until it is found, a global forward pre-hook and forward hook
+  (``torch.nn.modules.module.register_module_forward_pre_hook``) see every module call and keep
+  the modules called when no other is running, with grad enabled (a few, by weak reference);
+- at an optimizer step (a global step hook, registered once and never removed: see
+  ``tracking/steps.py`` for why), the candidate holding most of that optimizer's parameters wins;
+- it is tracked at the next outermost forward, where registering hooks is safe (not inside the
+  optimizer's own hook loop), and the module hooks come off: from then on they cost nothing.
+
+A job that never steps an optimizer (inference) gives up after ``GIVE_UP_CALLS`` outermost calls,
+with one log line. Nothing here raises into training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim import Optimizer
+from torch.utils.hooks import RemovableHandle
+
+from memexporter.tracking.hooks import _fail
+
+log = logging.getLogger("memexporter")
+
+GIVE_UP_CALLS = 10_000
+"""Outermost grad-enabled forwards seen without an optimizer step that names a model: stop looking."""
+_MAX_CANDIDATES = 8
+
+
+class Discovery:
+    """Watches module calls and optimizer steps until the model is found; then calls ``found(model)``
+    once, on the training thread, and takes its module hooks off."""
+
+    def __init__(self, found: Callable[[nn.Module], None]) -> None:
+        self._found_cb, self._pid = found, os.getpid()
+        self._depth = 0
+        self._calls = 0
+        self._candidates: dict[int, weakref.ref[nn.Module]] = {}
+        self._chosen: nn.Module | None = None
+        self._handles: list[RemovableHandle] = [
+            register_module_forward_pre_hook(self._pre),
+            register_module_forward_hook(self._post, always_call=True),
+        ]
+
+    @property
+    def active(self) -> bool:
+        return bool(self._handles)
+
+    def close(self) -> None:
+        """Stop looking (idempotent). From the training thread, or while no forward runs."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._candidates.clear()
+        self._chosen = None
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        try:
+            self._depth += 1
+            if self._depth != 1 or os.getpid() != self._pid:
+                return
+            chosen, self._chosen = self._chosen, None
+            if chosen is not None:
+                self.close()
+                self._found_cb(chosen)
+                return
+            if not torch.is_grad_enabled():
+                return
+            self._calls += 1
+            if self._calls > GIVE_UP_CALLS:
+                self.close()
+                log.info("memexporter: auto_track found no model (%d forwards and no optimizer step over their "
+                         "parameters); per-module rows need memexporter.track(model) or start(model=...)", GIVE_UP_CALLS)
+                return
+            if id(module) not in self._candidates and any(p.requires_grad for p in module.parameters()):
+                if len(self._candidates) >= _MAX_CANDIDATES:
+                    self._candidates.pop(next(iter(self._candidates)))
+                self._candidates[id(module)] = weakref.ref(module)
+        except Exception:
+            _fail("auto_track forward pre-hook")
+
+    def _post(self, module: nn.Module, args: Any, out: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def on_step(self, optimizer: Optimizer) -> None:
+        """At an optimizer step: choose the candidate that holds most of its parameters."""
+        try:
+            if not self._handles or self._chosen is not None or os.getpid() != self._pid:
+                return
+            stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            best, best_n = None, 0
+            for ref in list(self._candidates.values()):
+                m = ref()
+                n = 0 if m is None else sum(id(p) in stepped for p in m.parameters())
+                if n > best_n:
+                    best, best_n = m, n
+            self._chosen = best
+        except Exception:
+            _fail("auto_track optimizer step hook")
+
+
+_active: Discovery | None = None
+_installed = False
+
+
+def start(found: Callable[[nn.Module], None]) -> Discovery:
+    """Look for the model; ``found(model)`` is called once it is known. Replaces a running search."""
+    global _active, _installed
+    stop()
+    _active = Discovery(found)
+    if not _installed:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(_on_step)
+        _installed = True
+    return _active
+
+
+def stop() -> None:
+    global _active
+    if _active is not None:
+        _active.close()
+        _active = None
+
+
+def _on_step(optimizer: Optimizer, args: object, kwargs: object) -> None:
+    d = _active
+    if d is not None:
+        d.on_step(optimizer)
