@@ -1,0 +1,104 @@
+"""How a forward is recorded (tracking/hooks.py): through whichever module the training step calls,
+summed over the parts of one pass, at most once per ``RECORD_INTERVAL_S``, with the row hooks on
+the model only while forwards are recorded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memexporter.tracking import hooks as tracking_hooks
+from memexporter.tracking.modules import track
+from tests.unit.modules.models import Block, Deep, OuterCounter, all_hooks, row, totals
+
+
+class LitStyle(nn.Module):
+    """A LightningModule's shape: the training step calls ``self.net``, never ``self``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Deep(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # never called by the training step
+        raise AssertionError("not called")
+
+    def training_step(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).sum()
+
+
+def test_activations_are_recorded_when_the_step_calls_a_submodule_not_the_root() -> None:
+    lit = LitStyle()
+    handle = track(lit, torch.optim.SGD(lit.parameters(), lr=0.1))
+    x = torch.randn(2, 5, 16)
+    outer = OuterCounter(lit)
+    with outer.hooks():
+        loss = lit.training_step(x)
+    loss.backward()
+    assert outer.bytes > 0
+    assert totals(handle)["activation"] == outer.bytes
+    assert row(handle, "activation", "net.blocks.0") > 0
+
+
+class EncDec(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.dec = Block(16), Block(16)
+
+
+def test_parts_of_one_pass_add_up_and_the_next_pass_starts_afresh() -> None:
+    model = EncDec()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = track(model, opt)
+    x = torch.randn(2, 5, 16)
+    for _ in range(3):  # three micro-batches: the figure is one pass's, not three
+        model.dec(model.enc(x)).sum().backward()
+    one_pass = totals(handle)["activation"]
+    assert row(handle, "activation", "enc") > 0 and row(handle, "activation", "dec") > 0
+    with track(Block(16), prefix="alone") as alone:
+        alone.model(x)
+        single = totals(alone)["activation"]
+    # Both blocks save the same shapes; enc's output saved by dec's LayerNorm counts once, in dec.
+    assert single < one_pass <= 2 * single
+    opt.step()
+    model.dec(model.enc(x))
+    assert totals(handle)["activation"] == one_pass
+
+
+def test_forwards_are_recorded_at_most_once_per_interval_and_row_hooks_come_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracking_hooks, "RECORD_INTERVAL_S", 3600.0)
+    model = Deep(4)
+    handle = track(model)
+    entry_hooks = all_hooks(model)
+    model(torch.randn(2, 5, 16))  # the first forward is recorded
+    first = totals(handle)["activation"]
+    assert first > 0
+    model(torch.randn(8, 5, 16))  # four times the activations, but not recorded
+    assert totals(handle)["activation"] == first
+    # Between recordings only the root is hooked (pre-hook, hook, and its always-call entry); its
+    # children were entries until the root was seen running.
+    assert all_hooks(model) == 3 < entry_hooks
+    monkeypatch.setattr(tracking_hooks, "RECORD_INTERVAL_S", 0.0)
+    model(torch.randn(8, 5, 16))
+    assert totals(handle)["activation"] == pytest.approx(4 * first, rel=0.01)
+    assert all_hooks(model) > 3  # every forward recorded: the row hooks stay
+    handle.remove()
+    assert all_hooks(model) == 0
+
+
+def test_an_eval_forward_in_between_is_no_entry_and_changes_nothing() -> None:
+    model = Deep(2)
+    handle = track(model)
+    model(torch.randn(2, 5, 16))
+    rows = handle.snapshot().activation
+    with torch.no_grad():
+        model.blocks[0](torch.randn(64, 5, 16))
+    model.eval()
+    with torch.inference_mode():
+        model(torch.randn(64, 5, 16))
+    assert handle.snapshot().activation == rows
+    loss = F.mse_loss(model(torch.randn(2, 5, 16)), torch.zeros(2, 5, 3))
+    loss.backward()
+    assert handle.snapshot().activation == rows  # the same shapes again
