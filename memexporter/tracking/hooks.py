@@ -7,7 +7,7 @@ owns the state they use and sets it up. What a forward costs is kept small on pu
   grad-enabled forward, its top-level hooked children (a ``LightningModule`` whose
   ``training_step`` calls ``self.net`` never calls the root). They count nesting and sample the
   step peak at the end of each outermost forward.
-- **A forward is recorded at most once per** ``RECORD_INTERVAL_S``. Only then does the entry's
+- **A forward is recorded at most once per** ``RECORD_INTERVAL_S`` and one in ``RECORD_EVERY``. Only then does the entry's
   pre-hook push a ``saved_tensors_hooks`` pair (the pack hook adds each saved storage's bytes to
   the row of the innermost running module) and register the row hooks of the other hooked
   modules; its post-hook pops the pair and publishes the counts. The row hooks stay while every
@@ -42,7 +42,11 @@ from memexporter.tracking.snapshots import Snapshot
 log = logging.getLogger("memexporter")
 
 RECORD_INTERVAL_S = 1.0
-"""A grad-enabled forward is recorded (activation bytes per row) at most this often."""
+"""A grad-enabled forward is recorded (activation bytes per row) at most this often..."""
+RECORD_EVERY = 8
+"""...and at most one in this many: a recorded forward costs about 30 us per hooked module (the
+pack hook runs for every saved tensor), so a step slower than the interval pays it one step in
+eight. The first grad-enabled forward is always recorded."""
 
 _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
@@ -104,6 +108,7 @@ class ForwardHooks:
     _seen: set[int]
     _window: set[int]  # entry rows counted into _acc since the last optimizer step
     _recorded_at: float
+    _since: int  # outermost grad-enabled forwards since the last recorded one
     _entry: int  # row of the entry being recorded
     _root_seen: bool
     _entry_hooks: list[RemovableHandle]  # the top-level children's, until the root is seen
@@ -148,11 +153,12 @@ class ForwardHooks:
                 self._window.add(row)  # another part of the same forward pass: add up
             else:
                 now = time.monotonic()
-                if now - self._recorded_at < RECORD_INTERVAL_S:
+                self._since += 1
+                if self._since < RECORD_EVERY or now - self._recorded_at < RECORD_INTERVAL_S:
                     self._window = set()
                     self._detach(self._row_hooks)  # forwards come faster than we record: hooks off
                     return
-                self._recorded_at, self._window = now, {row}
+                self._recorded_at, self._since, self._window = now, 0, {row}
                 self._acc = [0] * len(self._snap.layout.names)
                 self._refresh_params()
                 self._seen = set(self._params.exclude)

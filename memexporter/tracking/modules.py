@@ -73,7 +73,7 @@ class TrackHandle(ForwardHooks, StepHooks):
         self._acc: list[int] = []
         self._seen: set[int] = set()
         self._window: set[int] = set()
-        self._recorded_at = -1e18
+        self._recorded_at, self._since = -1e18, 1 << 30  # the first forward is recorded
         self._entry = 0
         self._root_seen = compiled  # a compiled root: its children are traced, never entries
         self._row_hooks: list[RemovableHandle] = []

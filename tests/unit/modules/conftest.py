@@ -1,7 +1,7 @@
 """Every per-module tracking test leaves no model tracked and the process-wide hook-error counter
 as it found it (some tests inject failures), so tests stay independent of order and of each other.
 
-Every grad-enabled forward is recorded here (``RECORD_INTERVAL_S`` 0): these tests check what a
+Every grad-enabled forward is recorded here (``RECORD_INTERVAL_S`` 0, ``RECORD_EVERY`` 1): these tests check what a
 recorded forward counts. The rate limit has its own test, which sets the interval back."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from memexporter.tracking.modules import TrackHandle, active_handles
 @pytest.fixture(autouse=True)
 def _record_every_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hooks, "RECORD_INTERVAL_S", 0.0)
+    monkeypatch.setattr(hooks, "RECORD_EVERY", 1)
 
 
 @pytest.fixture(autouse=True)

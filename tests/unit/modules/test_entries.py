@@ -102,3 +102,16 @@ def test_an_eval_forward_in_between_is_no_entry_and_changes_nothing() -> None:
     loss = F.mse_loss(model(torch.randn(2, 5, 16)), torch.zeros(2, 5, 3))
     loss.backward()
     assert handle.snapshot().activation == rows  # the same shapes again
+
+
+def test_a_slow_step_is_recorded_one_forward_in_record_every(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracking_hooks, "RECORD_EVERY", 3)  # and the interval 0: steps "slower" than it
+    model = Deep(2)
+    handle = track(model)
+    figures = []
+    for n in (1, 2, 3, 4, 5, 6, 7):
+        model(torch.randn(n, 5, 16))
+        figures.append(totals(handle)["activation"])
+    # Recorded: the first forward, then the 4th and the 7th (batch 1, 4, 7).
+    assert figures[0] * 4 == figures[3] and figures[0] * 7 == figures[6]
+    assert figures[0] == figures[1] == figures[2] and figures[3] == figures[4] == figures[5]
