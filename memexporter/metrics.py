@@ -51,7 +51,8 @@ class MetricSpec:
 
     ``name`` is the full exposition name (counters include ``_total``); ``unit`` is the base unit
     (``bytes``, ``seconds``, ``ratio``...) or ``""``; ``help`` says where the value comes from.
-    ``cuda_only`` marks series that exist only when a CUDA device is in use. ``otel_name`` and
+    ``cuda_only`` marks series that exist only when a CUDA device is in use, ``sharded_only`` those
+    that exist only for a tracked model with sharded (DTensor) parameters. ``otel_name`` and
     ``otel_unit`` (UCUM) name the OpenTelemetry instrument (an observable counter for a counter, an
     observable gauge otherwise) so that otlptranslator's names give back ``name``; ``semconv`` adds
     a semantic-convention instrument with the same value.
@@ -67,6 +68,7 @@ class MetricSpec:
     cuda_only: bool = False
     otel_unit: str = ""
     semconv: SemConv | None = None
+    sharded_only: bool = False  # exported only for a tracked model with DTensor parameters
 
     def family(self) -> GaugeMetricFamily | CounterMetricFamily:
         """A fresh, empty Prometheus family for this spec (built anew on every scrape)."""
@@ -78,8 +80,9 @@ class MetricSpec:
 
 
 def _g(name: str, unit: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False,
-       semconv: SemConv | None = None) -> MetricSpec:
-    return MetricSpec(f"memexporter_{name}", "gauge", unit, help, labels, collector, otel, cuda, UCUM[unit], semconv)
+       semconv: SemConv | None = None, sharded: bool = False) -> MetricSpec:
+    return MetricSpec(f"memexporter_{name}", "gauge", unit, help, labels, collector, otel, cuda, UCUM[unit], semconv,
+                      sharded)
 
 
 def _c(name: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False,
@@ -128,7 +131,7 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("module_parameter_bytes", "bytes", "Bytes of parameters owned by the module, as this rank holds them (a DTensor's local shard; a tied weight once, in its first owner's row; a view into a shared buffer, its own bytes).", MODULE, "modules", "memexporter.module.parameter"),
     _g("module_gradient_bytes", "bytes", "Bytes of .grad tensors of the module's parameters, counted on the training thread at an optimizer step (the first, then at most once a second).", MODULE, "modules", "memexporter.module.gradient"),
     _g("module_optimizer_state_bytes", "bytes", "Bytes of optimizer state (e.g. AdamW exp_avg, exp_avg_sq) mapped to the module's parameters, counted like the gradients.", MODULE, "modules", "memexporter.module.optimizer_state"),
-    _g("module_parameter_unsharded_bytes", "bytes", "Bytes of the module's parameters unsharded (their global size), only for a model with sharded (DTensor: FSDP2, tensor parallel) parameters: module_parameter_bytes / this = the share this rank holds. Under FSDP2 also what the all-gather materialises for the module's forward and backward.", MODULE, "modules", "memexporter.module.parameter_unsharded"),
+    _g("module_parameter_unsharded_bytes", "bytes", "Bytes of the module's parameters unsharded (their global size), only for a model with sharded (DTensor: FSDP2, tensor parallel) parameters: module_parameter_bytes / this = the share this rank holds. Under FSDP2 also what the all-gather materialises for the module's forward and backward.", MODULE, "modules", "memexporter.module.parameter_unsharded", sharded=True),
     _g("module_activation_bytes", "bytes", "Bytes saved for backward during the last recorded grad-enabled forward (saved_tensors_hooks; at most one forward a second is recorded), attributed to the innermost running module; each storage once, parameters (also FSDP's unsharded ones) excluded.", MODULE, "modules", "memexporter.module.activation"),
     _g("module_forward_delta_bytes", "bytes", "torch.cuda allocated bytes after minus before the module's forward, summed over its calls in the last forward (opt-in: track(cuda_forward_delta=True)). A parent includes its children: not a partition.", MODULE, "modules", "memexporter.module.forward_delta", True),
     # --- The exporter itself (collectors/exporter.py and the guard in registry.py).
@@ -174,6 +177,6 @@ def reference_table() -> str:
     lines = ["| name | type | unit | labels | help |", "|---|---|---|---|---|"]
     for s in SPECS:
         labels = ", ".join(s.labels)
-        extra = " (CUDA only)" if s.cuda_only else ""
+        extra = " (CUDA only)" if s.cuda_only else " (sharded models only)" if s.sharded_only else ""
         lines.append(f"| `{s.name}` | {s.type} | {s.unit or '-'} | {labels} | {s.help}{extra} |")
     return "\n".join(lines)

@@ -7,8 +7,18 @@
 """
 
 from memexporter.dashboards.cli import OUT_DIR, main
-from memexporter.dashboards.grafana import GPU_ONLY, SCHEMA_VERSION, Panel, dashboard, gpu_only, metrics_of, render
+from memexporter.dashboards.grafana import (
+    GPU_ONLY,
+    SCHEMA_VERSION,
+    SHARDED_ONLY,
+    Panel,
+    dashboard,
+    gpu_only,
+    metrics_of,
+    render,
+    sharded_only,
+)
 from memexporter.dashboards.panels import SEL, build, by_kind, m
 
-__all__ = ["GPU_ONLY", "OUT_DIR", "SCHEMA_VERSION", "SEL", "Panel", "build", "by_kind", "dashboard", "gpu_only",
-           "m", "main", "metrics_of", "render"]
+__all__ = ["GPU_ONLY", "OUT_DIR", "SCHEMA_VERSION", "SEL", "SHARDED_ONLY", "Panel", "build", "by_kind", "dashboard",
+           "gpu_only", "m", "main", "metrics_of", "render", "sharded_only"]

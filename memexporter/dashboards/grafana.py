@@ -3,7 +3,8 @@
 A ``Panel`` is a row of a table (title, type, unit, description, queries); ``dashboard()`` lays the
 panels out on the 24-column grid and adds the data source, job, instance and rank variables. A
 panel whose every query needs a CUDA-only metric (``cuda_only`` in the spec table) gets the suffix
-``(GPU only)`` in its description, so readers and tests know it stays empty on a CPU job.
+``(GPU only)`` in its description, so readers and tests know it stays empty on a CPU job; one whose
+every query needs a metric of sharded models only (``sharded_only``) gets ``(sharded models only)``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from memexporter.metrics import BY_NAME
 JSON = dict[str, Any]
 DS: JSON = {"type": "prometheus", "uid": "${datasource}"}
 GPU_ONLY = " (GPU only)"
+SHARDED_ONLY = " (sharded models only)"
 SCHEMA_VERSION = 39
 _METRIC = re.compile(r"\bmemexporter_[a-z0-9_]+\b")
 
@@ -48,6 +50,15 @@ def gpu_only(exprs: list[str]) -> bool:
     return bool(exprs) and all(any(BY_NAME[n].cuda_only for n in metrics_of(e)) for e in exprs)
 
 
+def sharded_only(exprs: list[str]) -> bool:
+    """True when every query needs a metric of sharded models: the panel is empty for other jobs."""
+    return bool(exprs) and all(any(BY_NAME[n].sharded_only for n in metrics_of(e)) for e in exprs)
+
+
+def _suffix(exprs: list[str]) -> str:
+    return GPU_ONLY if gpu_only(exprs) else SHARDED_ONLY if sharded_only(exprs) else ""
+
+
 def _target(ref: str, expr: str, legend: str, p: Panel) -> JSON:
     return {"datasource": DS, "editorMode": "code", "expr": expr, "legendFormat": legend, "refId": ref,
             "range": not p.instant, "instant": p.instant, **({"format": "table"} if p.kind == "table" else {})}
@@ -76,7 +87,7 @@ def _panel(pid: int, p: Panel, pos: JSON) -> JSON:
         defaults["custom"] = {"fillOpacity": 30 if p.stack else 10, "lineWidth": 1, "showPoints": "never",
                               "stacking": {"group": "A", "mode": "normal" if p.stack else "none"}}
     out: JSON = {
-        "datasource": DS, "description": p.description + (GPU_ONLY if gpu_only(exprs) else ""),
+        "datasource": DS, "description": p.description + _suffix(exprs),
         "fieldConfig": {"defaults": defaults, "overrides": []}, "gridPos": pos, "id": pid,
         "options": _options(p), "targets": [_target(chr(65 + i), e, lg, p) for i, (e, lg) in enumerate(p.targets)],
         "title": p.title, "type": p.kind,

@@ -108,6 +108,19 @@ def _modules() -> list[Panel]:
         "to find the module to shrink, checkpoint or shard.",
         tuple((f"max by (module) ({m(f'module_{fam}_bytes')})", fam.replace("_", " ")) for fam in _FAMILIES),
         w=24, h=12, instant=True))
+    unsharded, held = m("module_parameter_unsharded_bytes"), m("module_parameter_bytes")
+    panels.append(Panel(
+        "Sharded modules: share held per rank", "table", "percentunit",
+        "Under FSDP2 or tensor parallelism each rank holds a shard of a module's parameters: is blocks.3 small, "
+        "or does this rank hold 1/8 of it? The largest and smallest share of each module held by one rank "
+        "(1 / world size when evenly sharded; 1 for a module left whole).",
+        ((f"max by (module) ({held} / {unsharded})", "largest share"),
+         (f"min by (module) ({held} / {unsharded})", "smallest share")),
+        w=12, h=10, instant=True))
+    panels.append(Panel(
+        "Sharded modules: unsharded size", "table", "bytes",
+        "How large is each module's parameter set unsharded: what FSDP2 all-gathers for its forward and backward?",
+        ((f"max by (module) ({unsharded})", "unsharded"),), w=12, h=10, instant=True))
     return panels
 
 

@@ -145,10 +145,10 @@ def test_memexporter_run_pushes_what_it_serves(tmp_path: Path) -> None:
         elif key[0] != "memexporter_collector_duration_seconds":
             assert value == finite[key], key
     assert pushed[("memexporter_steps_total", frozenset({("rank", "0")}))] == STEPS
-    # Every family the shipped rules and dashboards read arrived (the CUDA-only ones need a GPU;
-    # tests/unit/test_otel.py pushes them from a synthetic device).
-    cuda_only = {n.spec.name for n in names.instruments() if n.spec.cuda_only}
-    assert families_read_by_shipped_queries() - cuda_only <= {name for name, _ in pushed}
+    # Every family the shipped rules and dashboards read arrived (the CUDA-only ones need a GPU,
+    # tests/unit/test_otel.py pushes them from a synthetic device; the sharded-only one a sharded model).
+    absent = {n.spec.name for n in names.instruments() if n.spec.cuda_only or n.spec.sharded_only}
+    assert families_read_by_shipped_queries() - absent <= {name for name, _ in pushed}
 
     # Counters: cumulative monotonic sums with one start time, never going down.
     steps = [metrics(r)["memexporter.steps"] for r in received if "memexporter.steps" in metrics(r)]

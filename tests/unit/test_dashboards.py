@@ -314,5 +314,6 @@ def test_docs_describe_every_panel() -> None:
     for name, dash in DASHBOARDS:
         assert f"## {dash['title']}" in doc, f"docs/dashboards.md has no section for {name}"
         for p in panels(dash):
-            gpu = " *(GPU only)*" if p["description"].endswith(dashboards.GPU_ONLY) else ""
+            gpu = (" *(GPU only)*" if p["description"].endswith(dashboards.GPU_ONLY)
+                   else " *(sharded models only)*" if p["description"].endswith(dashboards.SHARDED_ONLY) else "")
             assert f"| {p['title']}{gpu} |" in doc, f"docs/dashboards.md does not describe {p['title']!r}"
