@@ -189,7 +189,7 @@ class ForwardHooks:
                 stack.append(row)
 
             def post(m: nn.Module, args: Any, out: Any) -> None:
-                if len(stack) > 1:
+                if stack:  # balanced with pre (always_call): also a recompute in backward leaves nothing
                     stack.pop()
             return pre, post
 
@@ -201,7 +201,7 @@ class ForwardHooks:
                 _fail("forward pre-hook (cuda_forward_delta)")
 
         def dpost(m: nn.Module, args: Any, out: Any) -> None:
-            if len(stack) > 1:
+            if stack:
                 stack.pop()
             try:
                 if self._dacc is not None and before:

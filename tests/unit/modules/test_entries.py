@@ -115,3 +115,25 @@ def test_a_slow_step_is_recorded_one_forward_in_record_every(monkeypatch: pytest
     # Recorded: the first forward, then the 4th and the 7th (batch 1, 4, 7).
     assert figures[0] * 4 == figures[3] and figures[0] * 7 == figures[6]
     assert figures[0] == figures[1] == figures[2] and figures[3] == figures[4] == figures[5]
+
+
+def test_a_checkpoint_recompute_between_recordings_leaves_the_stack_empty() -> None:
+    # Every forward recorded (the row hooks stay on between forwards); the blocks are checkpointed,
+    # so backward re-runs their forwards (and their row hooks) outside any recorded forward.
+    from torch.utils.checkpoint import checkpoint
+
+    class Ckpt(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(Block(16) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = checkpoint(b, x, use_reentrant=False)
+            return x
+
+    model = Ckpt()
+    handle = track(model)
+    for _ in range(3):
+        model(torch.randn(2, 5, 16)).sum().backward()
+        assert handle._stack == [] and handle._depth == 0
