@@ -30,7 +30,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
 
-from memexporter.tracking.hooks import _fail
+from memexporter.tracking.errors import count_failure
 
 log = logging.getLogger("memexporter")
 
@@ -89,7 +89,7 @@ class Discovery:
                     self._candidates.pop(next(iter(self._candidates)))
                 self._candidates[id(module)] = weakref.ref(module)
         except Exception:
-            _fail("auto_track forward pre-hook")
+            count_failure("auto_track forward pre-hook")
 
     def _post(self, module: nn.Module, args: Any, out: Any) -> None:
         self._depth = max(0, self._depth - 1)
@@ -108,7 +108,7 @@ class Discovery:
                     best, best_n = m, n
             self._chosen = best
         except Exception:
-            _fail("auto_track optimizer step hook")
+            count_failure("auto_track optimizer step hook")
 
 
 _active: Discovery | None = None

@@ -16,7 +16,8 @@ owns the state they use and sets it up. What a forward costs is kept small on pu
 - Entries recorded between two optimizer steps add up (an encoder and a decoder called one after
   the other); entering the same entry again starts a new count (the next micro-batch).
 
-Hooks never raise: failures are counted by ``hook_errors()`` and the first one is logged.
+The saved-tensor pair itself is in ``saved.py``. Hooks never raise: failures are counted by
+``hook_errors()`` (``errors.py``) and the first one is logged.
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.hooks import RemovableHandle
 
-from memexporter.tracking.ledger import ParamCount, storage
+from memexporter.tracking import saved
+from memexporter.tracking.errors import count_failure, hook_errors
+from memexporter.tracking.ledger import ParamCount
 from memexporter.tracking.plan import Plan
 from memexporter.tracking.snapshots import Snapshot
+
+__all__ = ["RECORD_EVERY", "RECORD_INTERVAL_S", "ForwardHooks", "hook_errors"]
 
 log = logging.getLogger("memexporter")
 
@@ -48,48 +53,10 @@ RECORD_EVERY = 8
 pack hook runs for every saved tensor), so a step slower than the interval pays it one step in
 eight. The first grad-enabled forward is always recorded."""
 
-_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
-_push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
-_pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
 _hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled  # type: ignore[attr-defined]
 _graph_task = torch._C._current_graph_task_id  # -1 outside backward
 # Run a hook eagerly even inside a compiled region (a graph break; 0.6 us per call in eager).
 _eager = cast(Callable[[Callable[..., None]], Callable[..., None]], torch.compiler.disable)
-_Parameter = nn.Parameter
-
-_errors = 0
-_errors_lock = threading.Lock()
-
-
-def hook_errors() -> int:
-    """Failures caught inside tracking hooks since the process started (never raised to training)."""
-    return _errors
-
-
-def _fail(where: str) -> None:
-    # Called from an except block. Count every failure, log the first traceback only: a broken
-    # hook runs on every forward and would flood the training log.
-    global _errors
-    with _errors_lock:
-        _errors += 1
-        first = _errors == 1
-    if first:
-        log.exception("memexporter: module tracking failed in the %s; training goes on, further "
-                      "failures are only counted (memexporter.tracking.modules.hook_errors())", where)
-
-
-def _record_slow(t: torch.Tensor, seen: set[int], acc: list[int], stack: list[int]) -> None:
-    try:
-        key, nbytes = storage(t)
-        if key not in seen:
-            seen.add(key)
-            acc[stack[-1]] += nbytes
-    except Exception:
-        _fail("saved-tensor pack hook")
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 class ForwardHooks:
@@ -164,7 +131,7 @@ class ForwardHooks:
                 self._seen = set(self._params.exclude)
             self._begin(row)
         except Exception:
-            _fail("forward pre-hook")
+            count_failure("forward pre-hook")
 
     def _leave(self) -> None:
         try:
@@ -180,7 +147,7 @@ class ForwardHooks:
                 self._finish_remove()
             self._sample()
         except Exception:
-            _fail("forward hook")
+            count_failure("forward hook")
 
     def _row_hooks_for(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
         stack, before, allocated = self._stack, self._before, self._allocated
@@ -198,7 +165,7 @@ class ForwardHooks:
             try:
                 before.append(allocated())
             except Exception:
-                _fail("forward pre-hook (cuda_forward_delta)")
+                count_failure("forward pre-hook (cuda_forward_delta)")
 
         def dpost(m: nn.Module, args: Any, out: Any) -> None:
             if stack:
@@ -207,7 +174,7 @@ class ForwardHooks:
                 if self._dacc is not None and before:
                     self._dacc[row] += allocated() - before.pop()
             except Exception:
-                _fail("forward hook (cuda_forward_delta)")
+                count_failure("forward hook (cuda_forward_delta)")
         return dpre, dpost
 
     @staticmethod
@@ -220,33 +187,7 @@ class ForwardHooks:
         acc, seen, stack = self._acc, self._seen, self._stack
         stack.append(row)
         self._entry = row
-        top = _top_hooks(True)
-        # Torch applies only the innermost pair, so ours calls the pair it shadows. If that pair is
-        # another tracked model's (a teacher inside a student), skip it: innermost module wins.
-        chain = getattr(top[0], "memexporter_chain", top) if top is not None else None
-        outer_pack, unpack = chain if chain is not None else (None, _identity)
-        # Sharded models: FSDP2 all-gathers each module's parameters into fresh storage for its
-        # forward. Saved (or viewed) parameters are parameters, not activations.
-        sharded = self._params.unsharded is not None
-
-        def pack(t: torch.Tensor) -> Any:
-            try:
-                if sharded and (isinstance(t, _Parameter) or isinstance(t._base, _Parameter)):
-                    pass
-                else:
-                    s = t.untyped_storage()
-                    ptr = s.data_ptr()
-                    if ptr not in seen:
-                        seen.add(ptr)
-                        acc[stack[-1]] += s.nbytes()
-            except Exception:
-                _record_slow(t, seen, acc, stack)
-            # Never the tensor itself: a saved output would then reference its own grad_fn (a cycle).
-            return t.detach() if outer_pack is None else outer_pack(t)
-
-        pack.memexporter_chain = chain  # type: ignore[attr-defined]
-        ctx = saved_tensors_hooks(pack, unpack)
-        ctx.__enter__()
+        ctx = saved.push(acc, seen, stack, sharded=self._params.unsharded is not None)
         self._ctx = ctx
         if not self._row_hooks:  # kept from the last forward when every forward is recorded
             entries = {id(m) for m, _ in self._plan.entries} if self._entry_hooks else set()
@@ -262,20 +203,9 @@ class ForwardHooks:
 
     def _end(self) -> None:
         ctx, self._ctx = self._ctx, None
-        top = _top_hooks(True)
-        if ctx is None or top is None:
-            raise RuntimeError("our saved-tensor hooks were popped by someone else")
-        if top[0] is not ctx.pack_hook:
-            # A pair pushed inside the forward and never popped: lift it, drop ours beneath it if
-            # there, put it back. Ours must not stay pushed (it would count forever, unbounded).
-            _pop_hooks()
-            below = _top_hooks(True)
-            if below is not None and below[0] is ctx.pack_hook:
-                _pop_hooks()
-            _push_hooks(*top)
-            raise RuntimeError("saved-tensor hooks pushed inside the forward were not popped; "
-                               "this forward's activations are not published")
-        ctx.__exit__(None, None, None)
+        if ctx is None:
+            raise RuntimeError("no recorded forward to end")
+        saved.pop(ctx)
         if self._removed:
             return
         with self._write:

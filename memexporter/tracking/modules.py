@@ -31,16 +31,17 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from memexporter.config import resolve_knob
-from memexporter.tracking import ledger, snapshots
-from memexporter.tracking.hooks import ForwardHooks, _fail, _top_hooks, hook_errors
+from memexporter.tracking import ledger, saved, snapshots
+from memexporter.tracking.errors import count_failure, hook_errors
+from memexporter.tracking.hooks import ForwardHooks
 
 # Re-exported for callers of the public module; the hooks read them in tracking/optimizer.py.
 from memexporter.tracking.optimizer import STEP_COUNT_INTERVAL_S as STEP_COUNT_INTERVAL_S  # noqa: PLC0414
-from memexporter.tracking.optimizer import StepHooks
+from memexporter.tracking.optimizer import StepHooks, inner_optimizer, optimizers
 from memexporter.tracking.plan import Plan, unwrap
 from memexporter.tracking.snapshots import ROOT_LABEL, Snapshot, active_handles
 
-__all__ = ["ROOT_LABEL", "TrackHandle", "active_handles", "hook_errors", "track"]
+__all__ = ["ROOT_LABEL", "TrackHandle", "active_handles", "hook_errors", "inner_optimizer", "track"]
 
 log = logging.getLogger("memexporter")
 
@@ -136,8 +137,7 @@ class TrackHandle(ForwardHooks, StepHooks):
         snapshots.unregister(self)
         ctx = self._ctx
         if ctx is not None:
-            top = _top_hooks(True)
-            if top is None or top[0] is not ctx.pack_hook:
+            if not saved.on_top(ctx):
                 return  # recording on another thread: its entry post-hook finishes the removal
             self._ctx = None  # mid-forward, on this thread
             ctx.__exit__(None, None, None)
@@ -180,44 +180,12 @@ def _sampler() -> Callable[[], None]:
         return _noop
 
 
-def inner_optimizer(optimizer: object) -> Optimizer | None:
-    """The torch optimizer under framework wrappers (accelerate's ``AcceleratedOptimizer``,
-    Lightning's ``LightningOptimizer``, any object with an inner ``.optimizer``), or None.
-
-    A wrapper that subclasses ``Optimizer`` without its set-up (accelerate's) has none of its
-    hooks: the inner one is the optimizer that steps, once per step taken through the wrapper.
-    """
-    for _ in range(8):  # wrappers of wrappers, but never a cycle
-        inner = getattr(optimizer, "optimizer", None)
-        if inner is None or inner is optimizer:
-            return optimizer if isinstance(optimizer, Optimizer) else None
-        optimizer = inner
-    return None
-
-
-def _optimizers(optimizer: object) -> list[Optimizer] | None:
-    if optimizer is None:
-        return None
-    bad = ("memexporter: optimizer must be a torch.optim.Optimizer (or a framework wrapper of one, "
-           f"with an inner .optimizer) or a list of them, got {optimizer!r}")
-    single = inner_optimizer(optimizer)
-    if single is not None:
-        return [single]
-    try:
-        opts = [inner_optimizer(o) for o in optimizer]  # type: ignore[attr-defined]
-    except TypeError:
-        raise TypeError(bad) from None
-    if not all(o is not None for o in opts):
-        raise TypeError(bad)
-    return [o for o in opts if o is not None]
-
-
 def _skipped(model: nn.Module, failed: int) -> None:
     """Log once (and count) tensors of ``model`` that could not be read: they are left out."""
     try:
         raise RuntimeError(f"{failed} parameter or buffer tensor(s) of {type(model).__name__} could not be read")
     except RuntimeError:
-        _fail("track() (those tensors are left out of the rows)")
+        count_failure("track() (those tensors are left out of the rows)")
 
 
 def track(model: nn.Module, optimizer: object = None, *,
@@ -243,7 +211,7 @@ def track(model: nn.Module, optimizer: object = None, *,
         raise TypeError(f"memexporter: prefix must be a string, got {prefix!r}")
     depth = resolve_knob("module_depth", depth)
     max_modules = resolve_knob("max_modules", max_modules)
-    opts = _optimizers(optimizer)
+    opts = optimizers(optimizer)
     inner = unwrap(model)[0]
     for h in active_handles():
         if isinstance(h, TrackHandle) and unwrap(h.model)[0] is inner:
@@ -251,7 +219,7 @@ def track(model: nn.Module, optimizer: object = None, *,
     try:
         plan = Plan(inner, depth)
     except Exception:
-        _fail("track() (reading the module tree; this model is not tracked)")
+        count_failure("track() (reading the module tree; this model is not tracked)")
         return _untracked(model, depth, max_modules)
     with _track_lock:  # two threads tracking at once must not pick the same prefix
         taken = {name for h in active_handles() for name in h.snapshot().layout.names}
@@ -264,7 +232,7 @@ def track(model: nn.Module, optimizer: object = None, *,
         try:
             return TrackHandle(model, plan, prefix, max_modules, opts, cuda_forward_delta, allocated)
         except Exception:  # the handle took its own hooks off again
-            _fail("track() (hooking the model; this model is not tracked)")
+            count_failure("track() (hooking the model; this model is not tracked)")
             return _untracked(model, depth, max_modules)
 
 

@@ -2,7 +2,7 @@
 
 ``StepHooks`` holds the step post-hook methods ``TrackHandle`` (tracking/modules.py) registers:
 one per given optimizer, or the global one that keeps the optimizers holding this model's
-parameters. A step recounts ``.grad`` and optimizer-state bytes (``ledger.count_step``) and, like
+parameters, and the unwrapping of framework optimizers (``inner_optimizer``). A step recounts ``.grad`` and optimizer-state bytes (``ledger.count_step``) and, like
 each recorded forward, parameter bytes if a storage moved. Failures go to ``hook_errors()``.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from torch.optim import Optimizer
 
 from memexporter.tracking import ledger
-from memexporter.tracking.hooks import _fail
+from memexporter.tracking.errors import count_failure
 from memexporter.tracking.ledger import ParamCount
 from memexporter.tracking.plan import Plan
 from memexporter.tracking.snapshots import Snapshot
@@ -62,7 +62,7 @@ class StepHooks:
                 known = (groups, any(id(p) in ids for g in optimizer.param_groups for p in g["params"]))
                 self._holds[optimizer] = known
         except Exception:
-            _fail("optimizer step hook")
+            count_failure("optimizer step hook")
             return
         if known[1]:
             self._on_step(optimizer, args, kwargs)
@@ -85,4 +85,38 @@ class StepHooks:
             with self._write:
                 self._snap = replace(self._snap, gradient=grads, optimizer_state=total)
         except Exception:
-            _fail("optimizer step hook")
+            count_failure("optimizer step hook")
+
+
+def inner_optimizer(optimizer: object) -> Optimizer | None:
+    """The torch optimizer under framework wrappers (accelerate's ``AcceleratedOptimizer``,
+    Lightning's ``LightningOptimizer``, any object with an inner ``.optimizer``), or None.
+
+    A wrapper that subclasses ``Optimizer`` without its set-up (accelerate's) has none of its
+    hooks: the inner one is the optimizer that steps, once per step taken through the wrapper.
+    """
+    for _ in range(8):  # wrappers of wrappers, but never a cycle
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer:
+            return optimizer if isinstance(optimizer, Optimizer) else None
+        optimizer = inner
+    return None
+
+
+def optimizers(optimizer: object) -> list[Optimizer] | None:
+    """``track()``'s ``optimizer`` argument as torch optimizers (``None`` stays ``None``); a
+    ``TypeError`` names anything else."""
+    if optimizer is None:
+        return None
+    bad = ("memexporter: optimizer must be a torch.optim.Optimizer (or a framework wrapper of one, "
+           f"with an inner .optimizer) or a list of them, got {optimizer!r}")
+    single = inner_optimizer(optimizer)
+    if single is not None:
+        return [single]
+    try:
+        opts = [inner_optimizer(o) for o in optimizer]  # type: ignore[attr-defined]
+    except TypeError:
+        raise TypeError(bad) from None
+    if not all(o is not None for o in opts):
+        raise TypeError(bad)
+    return [o for o in opts if o is not None]

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from memexporter.tracking import hooks
+from memexporter.tracking import errors, hooks
 from memexporter.tracking.modules import TrackHandle, active_handles
 
 
@@ -22,9 +22,9 @@ def _record_every_forward(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _untrack_all() -> Iterator[None]:
-    errors = hooks._errors  # not monkeypatch: tests call monkeypatch.undo() part-way
+    count = errors._errors  # not monkeypatch: tests call monkeypatch.undo() part-way
     yield
     for h in list(active_handles()):
         assert isinstance(h, TrackHandle)
         h.remove()
-    hooks._errors = errors
+    errors._errors = count

@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from memexporter.tracking import hooks as tracking_hooks
+from memexporter.tracking import errors as tracking_errors
 from memexporter.tracking import ledger
 from memexporter.tracking import optimizer as tracking_optimizer
+from memexporter.tracking import saved as tracking_saved
 from memexporter.tracking.modules import active_handles, hook_errors, track
 from tests.unit.modules.models import (
     Deep,
@@ -37,7 +38,7 @@ def test_failing_internals_are_counted_not_raised(monkeypatch: pytest.MonkeyPatc
         raise RuntimeError("injected")
 
     monkeypatch.setattr(ledger, "count_step", boom)
-    monkeypatch.setattr(tracking_hooks, "_top_hooks", boom)
+    monkeypatch.setattr(tracking_saved, "_top_hooks", boom)
     loss = train_step(model, opt, batch())
     assert torch.isfinite(torch.tensor(loss))  # the step completed
     assert hook_errors() >= before + 2
@@ -48,7 +49,7 @@ def test_failing_internals_are_counted_not_raised(monkeypatch: pytest.MonkeyPatc
     handle.remove()
     model = TiedNet(None)
     track(model)
-    monkeypatch.setattr(tracking_hooks, "storage", boom)
+    monkeypatch.setattr(tracking_saved, "storage", boom)
     monkeypatch.setattr(torch.Tensor, "untyped_storage", boom)
     before = hook_errors()
     out = model(batch()[0])
@@ -59,7 +60,7 @@ def test_failing_internals_are_counted_not_raised(monkeypatch: pytest.MonkeyPatc
 
 def test_the_first_hook_failure_is_logged_with_its_traceback_later_ones_only_counted(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(tracking_hooks, "_errors", 0)  # as in a fresh process
+    monkeypatch.setattr(tracking_errors, "_errors", 0)  # as in a fresh process
     monkeypatch.setattr(tracking_optimizer, "STEP_COUNT_INTERVAL_S", 0.0)  # every step counts
 
     def boom(*args: object) -> None:
