@@ -108,7 +108,8 @@ def _modules() -> list[Panel]:
         "to find the module to shrink, checkpoint or shard.",
         tuple((f"max by (module) ({m(f'module_{fam}_bytes')})", fam.replace("_", " ")) for fam in _FAMILIES),
         w=24, h=12, instant=True))
-    unsharded, held = m("module_parameter_unsharded_bytes"), m("module_parameter_bytes")
+    # Rows with no parameters of their own (a container, the root) have nothing to share: left out.
+    unsharded, held = f'({m("module_parameter_unsharded_bytes")} > 0)', m("module_parameter_bytes")
     panels.append(Panel(
         "Sharded modules: share held per rank", "table", "percentunit",
         "Under FSDP2 or tensor parallelism each rank holds a shard of a module's parameters: is blocks.3 small, "

@@ -20,10 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from memexporter import dashboards
 from tests.support import REPO_ROOT
+from tests.support.binaries import require
 from tests.support.demo import module_env
 from tests.support.process import tail
+from tests.support.promql import substitute
 
 # One torchrun launch serves every test here (a module-scoped fixture): keep them on one xdist worker.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("sharded_modules")]
@@ -196,3 +200,34 @@ def test_fsdp2_agrees_with_fsdp_mem_tracker(results: dict[str, Ranks]) -> None:
             else:
                 ours = sum(v for row, v in unsharded.items() if row.startswith(group + "."))
             assert ours == gathered, f"rank {r} FSDP group {group}: ours {ours}, all-gathered {gathered}"
+
+
+def test_sharded_dashboard_panels_read_the_ranks_scrapes_in_promtool(results: dict[str, Ranks], tmp_path: Path) -> None:
+    """The Modules dashboard's sharded panels, evaluated by the real promtool over both ranks' real
+    FSDP2 series: each module's share is 1/2 on each rank and its unsharded size the global bytes."""
+    promtool = require("promtool")
+    ranks = ranks_of(results, "fsdp2_after_reshard")
+    series = []
+    for r, res in enumerate(ranks):
+        for family in ("parameter", "parameter_unsharded"):
+            for module, value in rows(res, family).items():
+                labels = f'job="memexporter", instance="127.0.0.1:{9400 + r}", rank="{r}", module="{module}"'
+                series.append({"series": f"memexporter_module_{family}_bytes{{{labels}}}", "values": f"{value:.0f}x4"})
+    unsharded = {m: v for m, v in rows(ranks[0], "parameter_unsharded").items() if v > 0}
+    assert unsharded, "no module reported unsharded bytes"
+    dash = dashboards.build()["memexporter-modules.json"]
+    want = {"largest share": 1 / WORLD, "smallest share": 1 / WORLD, "unsharded": None}
+    tests = []
+    for panel in [p for p in dash["panels"] if p["title"].startswith("Sharded modules")]:
+        for target in panel["targets"]:
+            expected = want[target["legendFormat"]]
+            tests.append({"expr": substitute(target["expr"]), "eval_time": "1m", "exp_samples": [
+                {"labels": f'{{module="{m}"}}', "value": v if expected is None else expected}
+                for m, v in sorted(unsharded.items())]})
+    assert len(tests) == 3
+    doc = {"rule_files": [], "evaluation_interval": "1m",
+           "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}]}
+    path = tmp_path / "sharded_panels.test.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    out = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
