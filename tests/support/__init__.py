@@ -21,6 +21,9 @@
   trend estimator into promtool scenarios (``python -m tests.support.scenarios`` writes them);
   ``probe``: when each alert of a scenario fires, asked of promtool at every evaluation.
 - ``healthy_demo``: the demo's own loop in fresh forked processes, its ETA read after every step.
+- ``frameworks``: ``/metrics`` read as Prometheus would and the bytes module rows must add up to,
+  from the live tensors' element counts, for the tests under real frameworks (HF, Lightning,
+  accelerate, DDP, FSDP2).
 
 ``test_harness.py`` here tests the harness itself against the real binaries.
 """

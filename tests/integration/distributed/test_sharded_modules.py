@@ -13,7 +13,6 @@ agrees on one FSDP2 configuration.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from memexporter import dashboards
 from tests.support import REPO_ROOT
 from tests.support.binaries import require
 from tests.support.demo import module_env
+from tests.support.frameworks import WRAPPER_PART
 from tests.support.process import tail
 from tests.support.promql import substitute
 
@@ -42,7 +42,6 @@ DDP = ["ddp_bucket_view", "ddp_no_bucket_view"]
 CONFIGS = ["plain", *DDP, *FSDP2, "tp"]
 SHARDED = [*FSDP2, "tp"]
 TRACKED = ("parameter", "gradient", "optimizer_state")
-WRAPPER_PART = re.compile(r"(^|\.)(module|_fsdp_wrapped_module|_orig_mod|_checkpoint_wrapped_module)(\.|$)")
 
 Ranks = list[dict[str, Any]]
 
