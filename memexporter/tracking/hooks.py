@@ -187,7 +187,7 @@ class ForwardHooks:
         acc, seen, stack = self._acc, self._seen, self._stack
         stack.append(row)
         self._entry = row
-        ctx = saved.push(acc, seen, stack, sharded=self._params.unsharded is not None)
+        ctx = saved.push(acc, seen, stack)
         self._ctx = ctx
         if not self._row_hooks:  # kept from the last forward when every forward is recorded
             entries = {id(m) for m, _ in self._plan.entries} if self._entry_hooks else set()

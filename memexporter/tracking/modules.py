@@ -38,7 +38,7 @@ from memexporter.tracking.hooks import ForwardHooks
 # Re-exported for callers of the public module; the hooks read them in tracking/optimizer.py.
 from memexporter.tracking.optimizer import STEP_COUNT_INTERVAL_S as STEP_COUNT_INTERVAL_S  # noqa: PLC0414
 from memexporter.tracking.optimizer import StepHooks, inner_optimizer, optimizers
-from memexporter.tracking.plan import Plan, unwrap
+from memexporter.tracking.plan import Plan, peel, unwrap
 from memexporter.tracking.snapshots import ROOT_LABEL, Snapshot, active_handles
 
 __all__ = ["ROOT_LABEL", "TrackHandle", "active_handles", "hook_errors", "inner_optimizer", "track"]
@@ -212,12 +212,12 @@ def track(model: nn.Module, optimizer: object = None, *,
     depth = resolve_knob("module_depth", depth)
     max_modules = resolve_knob("max_modules", max_modules)
     opts = optimizers(optimizer)
-    inner = unwrap(model)[0]
+    inner, outer = peel(model)
     for h in active_handles():
         if isinstance(h, TrackHandle) and unwrap(h.model)[0] is inner:
             raise ValueError(f"memexporter: model {type(model).__name__} is already tracked; remove() its handle first")
     try:
-        plan = Plan(inner, depth)
+        plan = Plan(inner, depth, outer)
     except Exception:
         count_failure("track() (reading the module tree; this model is not tracked)")
         return _untracked(model, depth, max_modules)

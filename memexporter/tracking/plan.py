@@ -48,15 +48,22 @@ def _wrapped(parent: nn.Module, name: str) -> bool:
     return name in WRAPPED_ATTRS or (name == "module" and type(parent).__name__ in MODULE_WRAPPERS)
 
 
+def peel(model: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
+    """The module whose tree is reported, and the wrappers peeled off to reach it (outermost first)."""
+    chain: list[nn.Module] = []
+    inner = model
+    while True:
+        wrapped = [m for name, m in inner._modules.items() if m is not None and _wrapped(inner, name)]
+        if len(wrapped) != 1 or len(inner._modules) != 1:
+            return inner, chain
+        chain.append(inner)
+        inner = wrapped[0]
+
+
 def unwrap(model: nn.Module) -> tuple[nn.Module, bool]:
     """The module whose tree is reported (wrappers at the root peeled off), and if it is compiled."""
-    inner, compiled = model, False
-    while True:
-        wrapped = [(name, m) for name, m in inner._modules.items() if m is not None and _wrapped(inner, name)]
-        if len(wrapped) != 1 or len(inner._modules) != 1:
-            return inner, compiled
-        compiled = compiled or type(inner).__name__ == COMPILED
-        inner = wrapped[0][1]
+    inner, chain = peel(model)
+    return inner, any(type(w).__name__ == COMPILED for w in chain)
 
 
 Slot = tuple[dict[str, Any], str, int]
@@ -72,13 +79,15 @@ class Plan:
     one is not kept alive.
     """
 
-    def __init__(self, root: nn.Module, depth: int) -> None:
+    def __init__(self, root: nn.Module, depth: int, outer: list[nn.Module] | None = None) -> None:
+        """``outer``: wrappers peeled off ``root`` (``peel``); what they hold themselves (FSDP1's
+        flat parameter with ``use_orig_params=False``) belongs to the root row."""
         self.paths, self.parents = [""], [-1]
         self.hooked: list[tuple[nn.Module, int]] = []
         self.entries: list[tuple[nn.Module, int]] = []
         self._depth = depth
-        self._row_of: dict[int, int] = {id(root): 0}
-        self._order: list[nn.Module] = [root]
+        self._row_of: dict[int, int] = {id(m): 0 for m in (*(outer or ()), root)}
+        self._order: list[nn.Module] = [*(outer or ()), root]
         self._walk(root, (), 0, see_through=False, top=True)
         self.params: list[Slot] = []
         self.buffers: list[Slot] = []

@@ -38,11 +38,12 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def push(acc: list[int], seen: set[int], stack: list[int], sharded: bool) -> saved_tensors_hooks:
+def push(acc: list[int], seen: set[int], stack: list[int]) -> saved_tensors_hooks:
     """Enter a pair whose pack hook adds saved bytes to ``acc[stack[-1]]``; returns it (entered).
 
-    ``sharded``: FSDP2 all-gathers each module's parameters into fresh storage for its forward and
-    backward; a saved ``nn.Parameter`` (or a view of one) is then a parameter, not an activation.
+    A saved ``nn.Parameter``, or a view of one, is a parameter, not an activation, wherever its
+    storage is: FSDP (1 and 2) all-gathers each module's parameters into fresh storage for its
+    forward and backward, which the parameters' own storages (pre-seeded in ``seen``) do not cover.
     """
     top = _top_hooks(True)
     # If the pair we shadow is another tracked model's (a teacher inside a student), skip it:
@@ -52,7 +53,7 @@ def push(acc: list[int], seen: set[int], stack: list[int], sharded: bool) -> sav
 
     def pack(t: torch.Tensor) -> Any:
         try:
-            if not (sharded and (isinstance(t, _Parameter) or isinstance(t._base, _Parameter))):
+            if not (isinstance(t, _Parameter) or isinstance(t._base, _Parameter)):
                 s = t.untyped_storage()
                 ptr = s.data_ptr()
                 if ptr not in seen:

@@ -128,7 +128,8 @@ def expected(inner: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     parameter count (AdamW keeps one 4-byte ``step`` tensor per parameter on every rank)."""
     rows: dict[str, dict[str, int]] = {}
     for name, mod in inner.named_modules():
-        label = name or "(root)"
+        # FSDP1 wraps each unit: its wrapper's attribute is no part of the row's name.
+        label = ".".join(part for part in name.split(".") if part != "_fsdp_wrapped_module") or "(root)"
         for p in mod.parameters(recurse=False):
             r = rows.setdefault(label, dict.fromkeys(
                 ("parameter", "gradient", "optimizer_state", "global", "replicated", "count"), 0))
@@ -256,6 +257,25 @@ class Run:
                 if stats.snapshots.get(state)}
         return {"current": _cpu(current), "modules": per_module}
 
+    def fsdp1(self, use_orig_params: bool) -> dict[str, Any]:
+        """FSDP1 (``FullyShardedDataParallel``), each block its own unit. With ``use_orig_params``
+        the modules keep their parameters as views into the local flat shard; without, each unit
+        holds one flat parameter and the modules none."""
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        before = scrape(self.url)
+        inner = new_model()
+        whole = sum(nbytes(p) for p in inner.parameters())
+        model = FSDP(inner, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
+                     use_orig_params=use_orig_params)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        handle = memexporter.track(model, opt)
+        for x, y in batches(same_on_all_ranks=False):
+            train_step(model, opt, x, y)
+        # The wrappers too: without use_orig_params each unit's flat parameter is the wrapper's own.
+        return self.common(model, model, opt, handle, before, STEPS, {"model_param_bytes": whole})
+
     def tp(self) -> dict[str, Any]:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -283,6 +303,8 @@ CONFIGS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "fsdp2_before_reshard": lambda r: r.fsdp2(track_before=True, reshard_after_forward=True),
     "fsdp2_after_noreshard": lambda r: r.fsdp2(track_before=False, reshard_after_forward=False),
     "fsdp2_before_noreshard": lambda r: r.fsdp2(track_before=True, reshard_after_forward=False),
+    "fsdp1_orig_params": lambda r: r.fsdp1(use_orig_params=True),
+    "fsdp1_flat_params": lambda r: r.fsdp1(use_orig_params=False),
     "tp": Run.tp,
 }
 
