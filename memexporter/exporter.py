@@ -211,6 +211,7 @@ def _auto_track(exporter: Exporter) -> None:
             if running() is not exporter or active_handles():
                 return  # stopped meanwhile, or the script tracks a model itself
             handle = track(model, None, depth=exporter.config.module_depth, max_modules=exporter.config.max_modules)
+            handle.automatic = True
             exporter.tracked.append(handle)
         log.info("memexporter: auto_track: tracking %s (%d module rows at most)", type(model).__name__,
                  exporter.config.max_modules)

@@ -59,6 +59,7 @@ class TrackHandle(ForwardHooks, StepHooks):
                  optimizers: list[Optimizer] | None, cuda_forward_delta: bool = False,
                  allocated: Callable[[], int] | None = None) -> None:
         self.model, self.prefix = model, prefix
+        self.automatic = False  # set by auto_track: an explicit track() of the model replaces it
         compiled = unwrap(model)[1]
         self._plan, self._pid = plan, os.getpid()
         layout = plan.layout(prefix)
@@ -215,6 +216,9 @@ def track(model: nn.Module, optimizer: object = None, *,
     inner, outer = peel(model)
     for h in active_handles():
         if isinstance(h, TrackHandle) and unwrap(h.model)[0] is inner:
+            if h.automatic:  # found by auto_track: the script's own track() takes over
+                h.remove()
+                continue
             raise ValueError(f"memexporter: model {type(model).__name__} is already tracked; remove() its handle first")
     try:
         plan = Plan(inner, depth, outer)

@@ -88,3 +88,17 @@ def test_auto_track_is_on_where_no_model_can_be_named_unless_turned_off() -> Non
     assert auto_track_default(False, {}) is False
     with pytest.raises(ValueError, match="MEMEXPORTER_AUTO_TRACK"):
         auto_track_default(None, {"MEMEXPORTER_AUTO_TRACK": "maybe"})
+
+
+def test_the_scripts_own_track_after_auto_track_takes_over() -> None:
+    memexporter.start(port=0, addr="127.0.0.1", auto_track=True)
+    model = Deep(2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train(model, opt, 2)
+    (found,) = active_handles()
+    # The script tracks its model itself, later: no "already tracked" error, its options win.
+    mine = memexporter.track(model, opt, prefix="mine")
+    assert active_handles() == (mine,)
+    assert found._removed  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="already tracked"):
+        memexporter.track(model)  # a second explicit track() is still an error
