@@ -141,7 +141,7 @@ def test_variable_queries_list_the_demo(live: tuple[Prometheus, dict[str, str]])
 
 def test_modules_table_has_a_row_per_module(live: tuple[Prometheus, dict[str, str]]) -> None:
     prom, values = live
-    (table,) = [p for name, p in PANELS if p["type"] == "table"]
+    (table,) = [p for name, p in PANELS if p["title"] == "Module breakdown"]
     for target in table["targets"]:
         modules = {s["metric"]["module"] for s in prom.query(substitute(target["expr"], values))}
         assert {"embed", "blocks.0.self_attn", "head"} <= modules, target["expr"]
