@@ -33,8 +33,8 @@ import torch.distributed as dist
 from bench_overhead import GPT, VARIANTS, Job, interleaved, pct
 from torch.distributed.fsdp import fully_shard
 
-import memexporter.tracking.hooks as mx_hooks
 import memexporter.tracking.optimizer as mx_optimizer
+import memexporter.tracking.schedule as mx_schedule
 
 NAMES = ("plain", "start", "start+track")
 
@@ -71,9 +71,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.every_step:
         mx_optimizer.STEP_COUNT_INTERVAL_S = 0.0
-        for knob, value in (("RECORD_INTERVAL_S", 0.0), ("RECORD_EVERY", 1)):
-            if hasattr(mx_hooks, knob):
-                setattr(mx_hooks, knob, value)
+        mx_schedule.RECORD_INTERVAL_S, mx_schedule.RECORD_EVERY = 0.0, 1
     job = build(args.batch, args.seq)
     for _ in range(5):  # warm-up: allocator, optimizer state, oneDNN kernels, gloo connections
         job.step()

@@ -38,8 +38,12 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.bench_overhead import GPT
-from memexporter.tracking import hooks
 from memexporter.tracking.modules import track
+
+try:
+    from memexporter.tracking import schedule
+except ImportError:  # a checkout from before the record schedule: every forward recorded
+    schedule = None  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -72,7 +76,7 @@ def main() -> None:
 
     handle = track(tracked, opts[id(tracked)], max_modules=1000)
     modules = 1 + len(handle._plan.hooked)
-    shipped, every = getattr(hooks, "RECORD_INTERVAL_S", None), getattr(hooks, "RECORD_EVERY", 1)
+    shipped, every = (schedule.RECORD_INTERVAL_S, schedule.RECORD_EVERY) if schedule else (None, 1)
     regimes = ["steady", "every"] if args.regime == "both" else [args.regime]
     if shipped is None:
         regimes = ["(every forward: this checkout has no record interval)"]
@@ -82,8 +86,8 @@ def main() -> None:
           f"{modules} tracked modules, {args.rounds} rounds x {args.block} steps, CPU time of the training thread")
     for regime in regimes:
         if shipped is not None:
-            hooks.RECORD_INTERVAL_S = 0.0 if regime == "every" else shipped
-            hooks.RECORD_EVERY = 1 if regime == "every" else every
+            schedule.RECORD_INTERVAL_S = 0.0 if regime == "every" else shipped
+            schedule.RECORD_EVERY = 1 if regime == "every" else every
         times: dict[str, list[float]] = {"plain": [], "tracked": []}
         for r in range(args.rounds):
             order = ("plain", "tracked") if r % 2 == 0 else ("tracked", "plain")
@@ -97,7 +101,7 @@ def main() -> None:
               f"ratio {med['tracked'] / med['plain']:.3f} (paired {paired:.3f})  per module per step "
               f"{per_module:6.2f} us (paired {per_module_paired:6.2f} us)")
     if shipped is not None:
-        hooks.RECORD_INTERVAL_S, hooks.RECORD_EVERY = shipped, every
+        schedule.RECORD_INTERVAL_S, schedule.RECORD_EVERY = shipped, every
     handle.remove()
 
 

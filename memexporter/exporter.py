@@ -206,15 +206,16 @@ def _auto_track(exporter: Exporter) -> None:
     from memexporter.tracking import discover
     from memexporter.tracking.modules import active_handles, track
 
-    def found(model: Any) -> None:
+    def found(models: list[Any]) -> None:
         with _lock:
             if running() is not exporter or active_handles():
                 return  # stopped meanwhile, or the script tracks a model itself
-            handle = track(model, None, depth=exporter.config.module_depth, max_modules=exporter.config.max_modules)
-            handle.automatic = True
-            exporter.tracked.append(handle)
-        log.info("memexporter: auto_track: tracking %s (%d module rows at most)", type(model).__name__,
-                 exporter.config.max_modules)
+            for model in models:
+                handle = track(model, None, depth=exporter.config.module_depth, max_modules=exporter.config.max_modules)
+                handle.automatic = True
+                exporter.tracked.append(handle)
+        log.info("memexporter: auto_track: tracking %s (%d module rows at most each)",
+                 ", ".join(type(m).__name__ for m in models), exporter.config.max_modules)
 
     discover.start(found)
 

@@ -2,27 +2,32 @@
 ``memexporter run`` and the ``MEMEXPORTER_AUTOSTART`` bootstrap, which know no model).
 
 The model is the outermost module whose forward runs with grad enabled and whose parameters an
-optimizer steps:
+optimizer steps; with several optimizers (a GAN), one such model per optimizer:
 
-- until it is found, a global forward pre-hook and forward hook
+- until they are found, a global forward pre-hook and forward hook
   (``torch.nn.modules.module.register_module_forward_pre_hook``) see every module call and keep
   the modules called when no other is running, with grad enabled (a few, by weak reference);
-- at an optimizer step (a global step hook, registered once and never removed: see
-  ``tracking/steps.py`` for why), the candidate holding most of that optimizer's parameters wins;
-- it is tracked at the next outermost forward, where registering hooks is safe (not inside the
-  optimizer's own hook loop), and the module hooks come off: from then on they cost nothing.
+- at each optimizer step (a global step hook, registered once and never removed: see
+  ``tracking/steps.py`` for why), the candidate holding most of that optimizer's parameters is
+  chosen; once an optimizer steps a second time, every optimizer of the loop has stepped;
+- the chosen models are tracked at the next outermost forward, where registering hooks is safe
+  (not inside the optimizer's own hook loop), and the module hooks come off: from then on they
+  cost nothing.
 
-A job that never steps an optimizer (inference) gives up after ``GIVE_UP_CALLS`` outermost calls,
-with one log line. Nothing here raises into training.
+The hooks run eagerly under ``torch.compile`` (``torch.compiler.disable``: a graph break per
+module call while searching, and one recompile when the search ends). A process that never
+trains (inference, serving) gives up after ``GIVE_UP_CALLS`` outermost calls and
+``GIVE_UP_S`` seconds, with one log line. Nothing here raises into training.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -35,23 +40,31 @@ from memexporter.tracking.errors import count_failure
 log = logging.getLogger("memexporter")
 
 GIVE_UP_CALLS = 10_000
-"""Outermost grad-enabled forwards seen without an optimizer step that names a model: stop looking."""
+"""Outermost module calls (any) without the model found..."""
+GIVE_UP_S = 60.0
+"""...and seconds since the search began: then stop looking (the global hooks slow every call)."""
 _MAX_CANDIDATES = 8
 
 
-class Discovery:
-    """Watches module calls and optimizer steps until the model is found; then calls ``found(model)``
-    once, on the training thread, and takes its module hooks off."""
+_eager = cast(Callable[[Callable[..., None]], Callable[..., None]], torch.compiler.disable)
 
-    def __init__(self, found: Callable[[nn.Module], None]) -> None:
-        self._found_cb, self._pid = found, os.getpid()
+
+class Discovery:
+    """Watches module calls and optimizer steps until the models are found; then calls
+    ``found(models)`` once, on the training thread, and takes its module hooks off."""
+
+    def __init__(self, found: Callable[[list[nn.Module]], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self._found_cb, self._pid, self._clock = found, os.getpid(), clock
+        self._began = clock()
         self._depth = 0
         self._calls = 0
         self._candidates: dict[int, weakref.ref[nn.Module]] = {}
-        self._chosen: nn.Module | None = None
+        self._chosen: list[nn.Module] = []  # one per optimizer that stepped, in order
+        self._stepped: set[int] = set()  # id() of the optimizers that stepped
+        self._ready = False  # an optimizer stepped twice: every one of the loop has stepped
         self._handles: list[RemovableHandle] = [
-            register_module_forward_pre_hook(self._pre),
-            register_module_forward_hook(self._post, always_call=True),
+            register_module_forward_pre_hook(_eager(self._pre)),
+            register_module_forward_hook(_eager(self._post), always_call=True),
         ]
 
     @property
@@ -64,27 +77,29 @@ class Discovery:
             h.remove()
         self._handles = []
         self._candidates.clear()
-        self._chosen = None
+        self._chosen = []
 
     def _pre(self, module: nn.Module, args: Any) -> None:
+        self._depth += 1
+        if self._depth != 1:
+            return
         try:
-            self._depth += 1
-            if self._depth != 1 or os.getpid() != self._pid:
+            if os.getpid() != self._pid:
                 return
-            chosen, self._chosen = self._chosen, None
-            if chosen is not None:
+            if self._ready:
+                chosen = self._chosen
                 self.close()
                 self._found_cb(chosen)
                 return
-            if not torch.is_grad_enabled():
-                return
             self._calls += 1
-            if self._calls > GIVE_UP_CALLS:
+            if self._calls > GIVE_UP_CALLS and self._clock() - self._began > GIVE_UP_S:
                 self.close()
-                log.info("memexporter: auto_track found no model (%d forwards and no optimizer step over their "
-                         "parameters); per-module rows need memexporter.track(model) or start(model=...)", GIVE_UP_CALLS)
+                log.info("memexporter: auto_track found no model (%d module calls in %.0f s without an optimizer "
+                         "step over their parameters); per-module rows need memexporter.track(model) or "
+                         "start(model=...)", self._calls, self._clock() - self._began)
                 return
-            if id(module) not in self._candidates and any(p.requires_grad for p in module.parameters()):
+            if (torch.is_grad_enabled() and id(module) not in self._candidates
+                    and any(p.requires_grad for p in module.parameters())):
                 if len(self._candidates) >= _MAX_CANDIDATES:
                     self._candidates.pop(next(iter(self._candidates)))
                 self._candidates[id(module)] = weakref.ref(module)
@@ -97,8 +112,12 @@ class Discovery:
     def on_step(self, optimizer: Optimizer) -> None:
         """At an optimizer step: choose the candidate that holds most of its parameters."""
         try:
-            if not self._handles or self._chosen is not None or os.getpid() != self._pid:
+            if not self._handles or self._ready or os.getpid() != self._pid:
                 return
+            if id(optimizer) in self._stepped:  # the loop came round: every optimizer has stepped
+                self._ready = bool(self._chosen)
+                return
+            self._stepped.add(id(optimizer))
             stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
             best, best_n = None, 0
             for ref in list(self._candidates.values()):
@@ -106,7 +125,8 @@ class Discovery:
                 n = 0 if m is None else sum(id(p) in stepped for p in m.parameters())
                 if n > best_n:
                     best, best_n = m, n
-            self._chosen = best
+            if best is not None and all(best is not c for c in self._chosen):
+                self._chosen.append(best)
         except Exception:
             count_failure("auto_track optimizer step hook")
 
@@ -115,8 +135,8 @@ _active: Discovery | None = None
 _installed = False
 
 
-def start(found: Callable[[nn.Module], None]) -> Discovery:
-    """Look for the model; ``found(model)`` is called once it is known. Replaces a running search."""
+def start(found: Callable[[list[nn.Module]], None]) -> Discovery:
+    """Look for the models; ``found(models)`` is called once they are known. Replaces a running search."""
     global _active, _installed
     stop()
     _active = Discovery(found)

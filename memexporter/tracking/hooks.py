@@ -7,14 +7,12 @@ owns the state they use and sets it up. What a forward costs is kept small on pu
   grad-enabled forward, its top-level hooked children (a ``LightningModule`` whose
   ``training_step`` calls ``self.net`` never calls the root). They count nesting and sample the
   step peak at the end of each outermost forward.
-- **A forward is recorded at most once per** ``RECORD_INTERVAL_S`` and one in ``RECORD_EVERY``. Only then does the entry's
-  pre-hook push a ``saved_tensors_hooks`` pair (the pack hook adds each saved storage's bytes to
-  the row of the innermost running module) and register the row hooks of the other hooked
-  modules; its post-hook pops the pair and publishes the counts. The row hooks stay while every
-  forward is recorded (slow steps), and come off at the first forward that is not: forwards in
-  between recordings pay two hook calls per entry and nothing per module.
-- Entries recorded between two optimizer steps add up (an encoder and a decoder called one after
-  the other); entering the same entry again starts a new count (the next micro-batch).
+- **Few forwards are recorded** (``schedule.py``: at most one pass a second and one in eight).
+  Only then does the entry's pre-hook push a ``saved_tensors_hooks`` pair (``saved.py``: the pack
+  hook adds each saved storage's bytes to the row of the innermost running module) and register
+  the row hooks of the other hooked modules; its post-hook pops the pair, takes the row hooks off
+  and publishes the counts. Forwards in between, training or evaluation, pay two hook calls per
+  entry and nothing per module.
 
 The saved-tensor pair itself is in ``saved.py``. Hooks never raise: failures are counted by
 ``hook_errors()`` (``errors.py``) and the first one is logged.
@@ -25,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
@@ -40,18 +37,12 @@ from memexporter.tracking import saved
 from memexporter.tracking.errors import count_failure, hook_errors
 from memexporter.tracking.ledger import ParamCount
 from memexporter.tracking.plan import Plan
+from memexporter.tracking.schedule import Schedule
 from memexporter.tracking.snapshots import Snapshot
 
-__all__ = ["RECORD_EVERY", "RECORD_INTERVAL_S", "ForwardHooks", "hook_errors"]
+__all__ = ["ForwardHooks", "hook_errors"]
 
 log = logging.getLogger("memexporter")
-
-RECORD_INTERVAL_S = 1.0
-"""A grad-enabled forward is recorded (activation bytes per row) at most this often..."""
-RECORD_EVERY = 8
-"""...and at most one in this many: a recorded forward costs about 30 us per hooked module (the
-pack hook runs for every saved tensor), so a step slower than the interval pays it one step in
-eight. The first grad-enabled forward is always recorded."""
 
 _hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled  # type: ignore[attr-defined]
 _graph_task = torch._C._current_graph_task_id  # -1 outside backward
@@ -73,9 +64,8 @@ class ForwardHooks:
     _ctx: saved_tensors_hooks | None
     _acc: list[int]
     _seen: set[int]
-    _window: set[int]  # entry rows counted into _acc since the last optimizer step
-    _recorded_at: float
-    _since: int  # outermost grad-enabled forwards since the last recorded one
+    _schedule: Schedule  # which passes are recorded
+    _life: threading.Lock  # the record decision against remove() from another thread
     _entry: int  # row of the entry being recorded
     _root_seen: bool
     _entry_hooks: list[RemovableHandle]  # the top-level children's, until the root is seen
@@ -98,8 +88,8 @@ class ForwardHooks:
         return _eager(pre), _eager(post)
 
     def _enter(self, row: int) -> None:
-        if self._removed:  # removed while a forward ran on another thread: finish now
-            self._finish_remove()
+        if self._removed:  # removed while a forward ran, or from another thread: finish here, in a
+            self._finish_remove()  # pre-hook (torch iterates a copy of the pre-hooks)
             return
         self._depth += 1
         try:
@@ -112,24 +102,20 @@ class ForwardHooks:
             if not (torch.is_grad_enabled() and _graph_task() == -1 and os.getpid() == self._pid
                     and _hooks_enabled()):
                 return
-            if row == 0 and not self._root_seen:  # the root is called: the children need no entry hooks
-                self._root_seen = True
-                self._detach(self._entry_hooks)
-                self._detach(self._row_hooks)  # registered without the entries: register afresh
-            if self._window and row not in self._window:
-                self._window.add(row)  # another part of the same forward pass: add up
-            else:
-                now = time.monotonic()
-                self._since += 1
-                if self._since < RECORD_EVERY or now - self._recorded_at < RECORD_INTERVAL_S:
-                    self._window = set()
-                    self._detach(self._row_hooks)  # forwards come faster than we record: hooks off
+            with self._life:
+                if self._removed:
                     return
-                self._recorded_at, self._since, self._window = now, 0, {row}
-                self._acc = [0] * len(self._snap.layout.names)
-                self._refresh_params()
-                self._seen = set(self._params.exclude)
-            self._begin(row)
+                if row == 0 and not self._root_seen:  # the root is called: children need no entry hooks
+                    self._root_seen = True
+                    self._detach(self._entry_hooks)
+                record, fresh = self._schedule.enter(row, forced=saved.outer_recording())
+                if not record:
+                    return
+                if fresh:
+                    self._acc = [0] * len(self._snap.layout.names)
+                    self._refresh_params()
+                    self._seen = set(self._params.exclude)
+                self._begin(row)
         except Exception:
             count_failure("forward pre-hook")
 
@@ -143,11 +129,23 @@ class ForwardHooks:
             self._stack.clear()  # also heals a stack left unbalanced by a failed hook
             if self._ctx is not None:
                 self._end()
-            if self._removed:
-                self._finish_remove()
+            # Removed meanwhile: the hooks come off at the next pre-hook, not here (a forward that
+            # raised has torch iterating this module's forward hooks right now).
             self._sample()
         except Exception:
             count_failure("forward hook")
+
+    def _heal(self) -> None:
+        """At an optimizer step, no forward of the model runs: close a recording that a
+        ``KeyboardInterrupt`` inside a forward left open (torch skips ``always_call`` hooks for it)."""
+        self._schedule.step()
+        if self._depth or self._ctx is not None:
+            ctx, self._ctx = self._ctx, None
+            if ctx is not None and saved.on_top(ctx):
+                ctx.__exit__(None, None, None)
+            self._depth = 0
+            self._stack.clear()
+            self._detach(self._row_hooks)
 
     def _row_hooks_for(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
         stack, before, allocated = self._stack, self._before, self._allocated
@@ -187,15 +185,14 @@ class ForwardHooks:
         acc, seen, stack = self._acc, self._seen, self._stack
         stack.append(row)
         self._entry = row
-        ctx = saved.push(acc, seen, stack)
+        ctx = saved.push(acc, seen, stack, self._schedule)
         self._ctx = ctx
-        if not self._row_hooks:  # kept from the last forward when every forward is recorded
-            entries = {id(m) for m, _ in self._plan.entries} if self._entry_hooks else set()
-            for m, r in self._plan.hooked:
-                if id(m) not in entries:
-                    pre, post = self._row_hooks_for(r)
-                    self._row_hooks.append(m.register_forward_pre_hook(pre))
-                    self._row_hooks.append(m.register_forward_hook(post, always_call=True))
+        entries = {id(m) for m, _ in self._plan.entries} if self._entry_hooks else set()
+        for m, r in self._plan.hooked:
+            if id(m) not in entries:
+                pre, post = self._row_hooks_for(r)
+                self._row_hooks.append(m.register_forward_pre_hook(pre))
+                self._row_hooks.append(m.register_forward_hook(post, always_call=True))
         if self._allocated is not None:
             self._before.clear()
             self._before.append(self._allocated())
@@ -203,6 +200,8 @@ class ForwardHooks:
 
     def _end(self) -> None:
         ctx, self._ctx = self._ctx, None
+        # Other modules' hooks: torch is iterating only this entry's own right now.
+        self._detach(self._row_hooks)
         if ctx is None:
             raise RuntimeError("no recorded forward to end")
         saved.pop(ctx)

@@ -39,6 +39,7 @@ from memexporter.tracking.hooks import ForwardHooks
 from memexporter.tracking.optimizer import STEP_COUNT_INTERVAL_S as STEP_COUNT_INTERVAL_S  # noqa: PLC0414
 from memexporter.tracking.optimizer import StepHooks, inner_optimizer, optimizers
 from memexporter.tracking.plan import Plan, peel, unwrap
+from memexporter.tracking.schedule import Schedule
 from memexporter.tracking.snapshots import ROOT_LABEL, Snapshot, active_handles
 
 __all__ = ["ROOT_LABEL", "TrackHandle", "active_handles", "hook_errors", "inner_optimizer", "track"]
@@ -74,8 +75,8 @@ class TrackHandle(ForwardHooks, StepHooks):
         self._ctx: saved_tensors_hooks | None = None  # our pair, while a recorded forward runs
         self._acc: list[int] = []
         self._seen: set[int] = set()
-        self._window: set[int] = set()
-        self._recorded_at, self._since = -1e18, 1 << 30  # the first forward is recorded
+        self._schedule = Schedule()
+        self._life = threading.Lock()
         self._entry = 0
         self._root_seen = compiled  # a compiled root: its children are traced, never entries
         self._row_hooks: list[RemovableHandle] = []
@@ -134,14 +135,15 @@ class TrackHandle(ForwardHooks, StepHooks):
         that forward's end: only that thread can pop our saved-tensor hooks, and removing a
         module's hooks while it runs would change the dicts torch is iterating.
         """
-        self._removed = True
-        snapshots.unregister(self)
-        ctx = self._ctx
-        if ctx is not None:
-            if not saved.on_top(ctx):
-                return  # recording on another thread: its entry post-hook finishes the removal
-            self._ctx = None  # mid-forward, on this thread
-            ctx.__exit__(None, None, None)
+        with self._life:  # not between another thread's decision to record and its _begin()
+            self._removed = True
+            snapshots.unregister(self)
+            ctx = self._ctx
+            if ctx is not None:
+                if not saved.on_top(ctx):
+                    return  # recording on another thread: it pops its pair, its next forward the hooks
+                self._ctx = None  # mid-forward, on this thread
+                ctx.__exit__(None, None, None)
         self._finish_remove()
 
     def _finish_remove(self) -> None:

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -40,7 +41,7 @@ class StepHooks:
     _opt_state: weakref.WeakKeyDictionary[Optimizer, tuple[int, ...]]
     _counted: weakref.WeakKeyDictionary[Optimizer, float]
     _holds: weakref.WeakKeyDictionary[Optimizer, tuple[int, bool]]
-    _window: set[int]
+    _heal: Callable[[], None]  # ForwardHooks
 
     def _refresh_params(self) -> None:
         """Recount parameter bytes if any parameter or buffer moved (``.to()``, ``.half()``) or was
@@ -71,7 +72,7 @@ class StepHooks:
         try:
             if os.getpid() != self._pid:
                 return
-            self._window = set()  # the forward pass is over: the next entry starts a new count
+            self._heal()  # the pass is over (and a forward interrupted by Ctrl-C is closed)
             # Counting touches every .grad and state tensor (~2 us per parameter): do it at the
             # first step of each optimizer, then at most every STEP_COUNT_INTERVAL_S seconds.
             now = time.monotonic()

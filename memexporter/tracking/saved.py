@@ -9,7 +9,7 @@ counting pair): their pack's result is what is saved, and their unpack is ours.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -38,8 +38,13 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def push(acc: list[int], seen: set[int], stack: list[int]) -> saved_tensors_hooks:
+class Backward(Protocol):
+    backward: bool
+
+
+def push(acc: list[int], seen: set[int], stack: list[int], seen_backward: Backward) -> saved_tensors_hooks:
     """Enter a pair whose pack hook adds saved bytes to ``acc[stack[-1]]``; returns it (entered).
+    Its unpack sets ``seen_backward.backward``: a backward ran over these saves.
 
     A saved ``nn.Parameter``, or a view of one, is a parameter, not an activation, wherever its
     storage is: FSDP (1 and 2) all-gathers each module's parameters into fresh storage for its
@@ -64,10 +69,20 @@ def push(acc: list[int], seen: set[int], stack: list[int]) -> saved_tensors_hook
         # Never the tensor itself: a saved output would then reference its own grad_fn (a cycle).
         return t.detach() if outer_pack is None else outer_pack(t)
 
+    def unpack_seen(packed: Any) -> Any:
+        seen_backward.backward = True
+        return unpack(packed)
+
     pack.memexporter_chain = chain  # type: ignore[attr-defined]
-    ctx = saved_tensors_hooks(pack, unpack)
+    ctx = saved_tensors_hooks(pack, unpack_seen)
     ctx.__enter__()
     return ctx
+
+
+def outer_recording() -> bool:
+    """Whether a tracked model's pair is the innermost on this thread: one records around us."""
+    top = _top_hooks(True)
+    return top is not None and hasattr(top[0], "memexporter_chain")
 
 
 def on_top(ctx: saved_tensors_hooks) -> bool:

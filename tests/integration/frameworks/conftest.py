@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import memexporter
-from memexporter.tracking import hooks as mx_hooks
 from memexporter.tracking import optimizer as mx_optimizer
+from memexporter.tracking import schedule as mx_schedule
 from memexporter.tracking.modules import active_handles, hook_errors
 
 
@@ -21,9 +21,8 @@ def count_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
     and at the first step), and every grad-enabled forward recorded (shipped: at most one a second,
     one in eight, and the first)."""
     monkeypatch.setattr(mx_optimizer, "STEP_COUNT_INTERVAL_S", 0.0)
-    for knob, value in (("RECORD_INTERVAL_S", 0.0), ("RECORD_EVERY", 1)):
-        if hasattr(mx_hooks, knob):
-            monkeypatch.setattr(mx_hooks, knob, value)
+    monkeypatch.setattr(mx_schedule, "RECORD_INTERVAL_S", 0.0)
+    monkeypatch.setattr(mx_schedule, "RECORD_EVERY", 1)
 
 
 @pytest.fixture

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from memexporter.tracking import errors, hooks
+from memexporter.tracking import errors, schedule
 from memexporter.tracking.modules import TrackHandle, active_handles
 
 
 @pytest.fixture(autouse=True)
 def _record_every_forward(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hooks, "RECORD_INTERVAL_S", 0.0)
-    monkeypatch.setattr(hooks, "RECORD_EVERY", 1)
+    monkeypatch.setattr(schedule, "RECORD_INTERVAL_S", 0.0)
+    monkeypatch.setattr(schedule, "RECORD_EVERY", 1)
 
 
 @pytest.fixture(autouse=True)

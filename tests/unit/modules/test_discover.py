@@ -69,12 +69,16 @@ def test_track_defaults_to_the_running_exporters_row_knobs() -> None:
     handle.remove()
 
 
+@pytest.mark.parametrize("grad", [True, False])
 def test_a_job_that_never_steps_gives_up_with_one_line(monkeypatch: pytest.MonkeyPatch,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+                                                       caplog: pytest.LogCaptureFixture, grad: bool) -> None:
+    # Inference under no_grad counts too: before, its calls never did, and the global hooks (which
+    # slow every module call) stayed for the life of the process.
     monkeypatch.setattr(discover, "GIVE_UP_CALLS", 5)
+    monkeypatch.setattr(discover, "GIVE_UP_S", 0.0)
     memexporter.start(port=0, addr="127.0.0.1", auto_track=True)
     model = Deep(1)
-    with caplog.at_level(logging.INFO, logger="memexporter"):
+    with caplog.at_level(logging.INFO, logger="memexporter"), torch.set_grad_enabled(grad):
         for _ in range(8):
             model(torch.randn(2, 5, 16))
     assert discover._active is not None and not discover._active.active
@@ -94,7 +98,7 @@ def test_the_scripts_own_track_after_auto_track_takes_over() -> None:
     memexporter.start(port=0, addr="127.0.0.1", auto_track=True)
     model = Deep(2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train(model, opt, 2)
+    _train(model, opt, 3)  # chosen at the 1st step, the loop seen round at the 2nd, tracked at the 3rd forward
     (found,) = active_handles()
     # The script tracks its model itself, later: no "already tracked" error, its options win.
     mine = memexporter.track(model, opt, prefix="mine")
@@ -102,3 +106,19 @@ def test_the_scripts_own_track_after_auto_track_takes_over() -> None:
     assert found._removed  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="already tracked"):
         memexporter.track(model)  # a second explicit track() is still an error
+
+
+def test_every_model_an_optimizer_steps_is_found_a_gan() -> None:
+    # The textbook GAN loop steps D first; G (the larger) was tracked by no one before.
+    memexporter.start(port=0, addr="127.0.0.1", auto_track=True)
+    g, d = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 16)), nn.Sequential(nn.Linear(16, 4), nn.Linear(4, 1))
+    opt_g, opt_d = torch.optim.Adam(g.parameters()), torch.optim.Adam(d.parameters())
+    for _ in range(3):
+        fake = g(torch.randn(4, 8))
+        opt_d.zero_grad()
+        (d(torch.randn(4, 16)).mean() - d(fake.detach()).mean()).backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        (-d(fake).mean()).backward()
+        opt_g.step()
+    assert {id(h.model) for h in active_handles()} == {id(g), id(d)}  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor, Replicate
 import memexporter
 import memexporter.tracking.hooks as mx_hooks
 import memexporter.tracking.optimizer as mx_optimizer
+import memexporter.tracking.schedule as mx_schedule
 
 STEPS = 3
 BATCH, D_IN, D, D_OUT, BLOCKS = 8, 16, 32, 8, 2  # every dim 0 even: FSDP2 shards without padding
@@ -316,10 +317,8 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     mx_optimizer.STEP_COUNT_INTERVAL_S = 0.0  # count gradients and state at every step
-    # ... and record every forward's activations (these two knobs may not exist in every version).
-    for knob, value in (("RECORD_INTERVAL_S", 0.0), ("RECORD_EVERY", 1)):
-        if hasattr(mx_hooks, knob):
-            setattr(mx_hooks, knob, value)
+    # ... and record every forward's activations.
+    mx_schedule.RECORD_INTERVAL_S, mx_schedule.RECORD_EVERY = 0.0, 1
     exp = memexporter.start(port=0, addr="127.0.0.1")
     run = Run(exp.url)
     results: dict[str, Any] = {}
