@@ -186,3 +186,26 @@ def test_remove_during_a_forward(from_other_thread: bool) -> None:
     model(torch.randn(2, 16))  # the next forward takes off whatever was left
     assert all_hooks(model) == 0
     assert totals(handle)["activation"] == 0  # the interrupted forward was not published
+
+
+def test_remove_from_another_thread_during_the_record_decision_leaves_nothing_pushed() -> None:
+    # The other thread's remove() lands while this one decides to record (inside the parameter
+    # recount). Before, it took every hook off, the root's post-hook included, and the forward
+    # then pushed a saved-tensor pair that nothing popped.
+    model = Deep(2)
+    handle = track(model)
+    recount = handle._refresh_params
+    remover = threading.Thread(target=handle.remove)
+
+    def refresh() -> None:
+        remover.start()
+        remover.join(0.5)  # it waits for the decision to be made (before the fix: it ran now)
+        recount()
+
+    handle._refresh_params = refresh  # type: ignore[method-assign]
+    model(torch.randn(2, 5, 16)).sum().backward()
+    remover.join(10)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    model(torch.randn(2, 5, 16))  # the next forward takes the last hooks off
+    assert all_hooks(model) == 0
+    assert handle not in active_handles()
