@@ -79,7 +79,8 @@ class TrackHandle(ForwardHooks, StepHooks):
         self._life = threading.Lock()
         self._entry = 0
         self._root_seen = compiled  # a compiled root: its children are traced, never entries
-        self._row_hooks: list[RemovableHandle] = []
+        self._rows_on: list[tuple[nn.Module, int]] = []
+        self._row_fns: list[tuple[nn.Module, Callable[..., None], Callable[..., None]]] | None = None
         self._opt_state: weakref.WeakKeyDictionary[Optimizer, tuple[int, ...]] = weakref.WeakKeyDictionary()
         self._counted: weakref.WeakKeyDictionary[Optimizer, float] = weakref.WeakKeyDictionary()
         self._holds: weakref.WeakKeyDictionary[Optimizer, tuple[int, bool]] = weakref.WeakKeyDictionary()
@@ -147,8 +148,9 @@ class TrackHandle(ForwardHooks, StepHooks):
         self._finish_remove()
 
     def _finish_remove(self) -> None:
-        for handles in (self._hooks, self._entry_hooks, self._row_hooks):
+        for handles in (self._hooks, self._entry_hooks):
             self._detach(handles)
+        self._rows_off()
 
     def __enter__(self) -> TrackHandle:
         return self

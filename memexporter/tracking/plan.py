@@ -35,11 +35,15 @@ MODULE_WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel", "DeepSpe
 COMPILED = "OptimizedModule"
 
 
+_PLAIN = (nn.Parameter, torch.Tensor)
+
+
 def data_ptr(t: torch.Tensor) -> int:
     """``t.data_ptr()``, of the local shard for a DTensor (which has none of its own); 0 if none."""
-    local = getattr(t, "_local_tensor", t)
+    if type(t) not in _PLAIN:  # a subclass (DTensor): the attribute lookup costs a microsecond
+        t = getattr(t, "_local_tensor", t)
     try:
-        return int(local.data_ptr())
+        return int(t.data_ptr())
     except Exception:  # meta, fake and other storage-less tensors
         return 0
 

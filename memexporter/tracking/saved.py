@@ -58,7 +58,9 @@ def push(acc: list[int], seen: set[int], stack: list[int], seen_backward: Backwa
 
     def pack(t: torch.Tensor) -> Any:
         try:
-            if not (isinstance(t, _Parameter) or isinstance(t._base, _Parameter)):
+            # `type() is`, not isinstance(): Parameter's metaclass makes isinstance a Python call.
+            # An FSDP unsharded parameter is a plain Parameter; a DTensor one is seen by storage.
+            if not (type(t) is _Parameter or type(t._base) is _Parameter):
                 s = t.untyped_storage()
                 ptr = s.data_ptr()
                 if ptr not in seen:
