@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,19 +92,25 @@ def state_bytes(model: Any, optimizer: Any) -> int:
     return total
 
 
+def first_owners(model: Any) -> Iterator[tuple[str, Any]]:
+    """``(module name, parameter)``, each parameter once, under the module that registers it first
+    in ``named_modules()`` order: the row memexporter charges it to (a tied weight, its first owner)."""
+    seen: set[int] = set()
+    for name, mod in model.named_modules():
+        for p in mod.parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+
 def own_param_rows(model: Any, prefix: str = "") -> dict[str, int]:
     """Parameter bytes per module that registers the parameter first in ``named_modules()`` order
     (``(root)`` for the root's own), leaving out modules that hold none: the rows memexporter should
     show when every module is within the tracked depth."""
     rows: dict[str, int] = {}
-    seen: set[int] = set()
-    for name, mod in model.named_modules():
-        for p in mod.parameters(recurse=False):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            label = ".".join(x for x in (prefix, name) if x) or "(root)"
-            rows[label] = rows.get(label, 0) + nbytes(p)
+    for name, p in first_owners(model):
+        label = ".".join(x for x in (prefix, name) if x) or "(root)"
+        rows[label] = rows.get(label, 0) + nbytes(p)
     return rows
 
 

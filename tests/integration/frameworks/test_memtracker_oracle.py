@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 
 import memexporter
-from tests.support.frameworks import check_common, nbytes, scrape
+from tests.support.frameworks import check_common, first_owners, nbytes, scrape
 
 pytestmark = [pytest.mark.integration]
 
@@ -123,22 +123,17 @@ def own_rows(model: Any, opt: Any, oracle: Oracle) -> dict[str, dict[str, int]]:
     """Per module, MemTracker's bytes of its own parameters' gradients and optimizer state (each
     checked to be filed as GRAD / OPT), the module that registers a parameter first owning it."""
     rows: dict[str, dict[str, int]] = {}
-    seen: set[int] = set()
-    for name, mod in model.named_modules():
-        for p in mod.parameters(recurse=False):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            row = rows.setdefault(name or "(root)", {"gradient": 0, "optimizer_state": 0})
-            if p.grad is not None:
-                kind, size = oracle.filed(p.grad)
-                assert kind == "GRAD", (name, kind)
-                row["gradient"] += size
-            for v in opt.state[p].values():
-                if isinstance(v, torch.Tensor):
-                    kind, size = oracle.filed(v)
-                    assert kind == "OPT", (name, kind)
-                    row["optimizer_state"] += size
+    for name, p in first_owners(model):
+        row = rows.setdefault(name or "(root)", {"gradient": 0, "optimizer_state": 0})
+        if p.grad is not None:
+            kind, size = oracle.filed(p.grad)
+            assert kind == "GRAD", (name, kind)
+            row["gradient"] += size
+        for v in opt.state[p].values():
+            if isinstance(v, torch.Tensor):
+                kind, size = oracle.filed(v)
+                assert kind == "OPT", (name, kind)
+                row["optimizer_state"] += size
     return rows
 
 
