@@ -106,6 +106,20 @@ def test_environment_bootstrap_starts_the_exporter(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_the_bootstrap_finds_the_model_and_exports_its_rows(tmp_path: Path) -> None:
+    # auto_track is on under the bootstrap: no code names the model, its row appears all the same.
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace("range(3)", "range(4)").replace(
+        '{rank="0"} 3.0', '{rank="0"} 4.0\' in body and \'memexporter_module_parameter_bytes{module="(root)",rank="0"} 288.0'))
+    port = free_port()
+    env = {"MEMEXPORTER_AUTOSTART": "1", "MEMEXPORTER_PORT": str(port), "MEMEXPORTER_ADDR": "127.0.0.1",
+           "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}"}
+    out = run([sys.executable, str(script), str(port), "0"], env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = run([sys.executable, str(script), str(port), "0"], env={**env, "MEMEXPORTER_AUTO_TRACK": "0"})
+    assert out.returncode == 1 and "memexporter_module_parameter_bytes" not in out.stdout, out.stderr[-500:]
+
+
 def test_bootstrap_skips_torchrun_launcher_and_reports_bad_values(tmp_path: Path) -> None:
     from memexporter.bootstrap import sitecustomize
 
