@@ -146,7 +146,7 @@ class ForwardHooks:
                 ctx.__exit__(None, None, None)
             self._depth = 0
             self._stack.clear()
-            self._rows_off()
+            self._detach_rows()
 
     def _row_hooks_for(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
         stack, before, allocated = self._stack, self._before, self._allocated
@@ -182,7 +182,7 @@ class ForwardHooks:
             h.remove()
         handles.clear()
 
-    def _rows_on_(self) -> None:
+    def _attach_rows(self) -> None:
         """Put the row hooks on, for one recorded forward. This happens once per recorded pass for
         every hooked module, so it writes the module's hook dicts directly, as torch's own
         ``register_forward_*hook`` does, without a ``RemovableHandle`` per hook (a third of a
@@ -200,7 +200,7 @@ class ForwardHooks:
                 m._forward_hooks[key] = post
                 on.append((m, key))
 
-    def _rows_off(self) -> None:
+    def _detach_rows(self) -> None:
         for m, key in self._rows_on:
             m._forward_pre_hooks.pop(key, None)
             m._forward_hooks.pop(key, None)
@@ -212,7 +212,7 @@ class ForwardHooks:
         self._entry = row
         ctx = saved.push(acc, seen, stack, self._schedule)
         self._ctx = ctx
-        self._rows_on_()
+        self._attach_rows()
         if self._allocated is not None:
             self._before.clear()
             self._before.append(self._allocated())
@@ -221,7 +221,7 @@ class ForwardHooks:
     def _end(self) -> None:
         ctx, self._ctx = self._ctx, None
         # Other modules' hooks: torch is iterating only this entry's own right now.
-        self._rows_off()
+        self._detach_rows()
         if ctx is None:
             raise RuntimeError("no recorded forward to end")
         saved.pop(ctx)

@@ -150,7 +150,7 @@ class TrackHandle(ForwardHooks, StepHooks):
     def _finish_remove(self) -> None:
         for handles in (self._hooks, self._entry_hooks):
             self._detach(handles)
-        self._rows_off()
+        self._detach_rows()
 
     def __enter__(self) -> TrackHandle:
         return self
