@@ -155,7 +155,7 @@ class ForwardHooks:
                 stack.append(row)
 
             def post(m: nn.Module, args: Any, out: Any) -> None:
-                if stack:  # balanced with pre (always_call): also a recompute in backward leaves nothing
+                if stack:  # balanced with pre (an exception skips it: the entry hook then clears the stack)
                     stack.pop()
             return pre, post
 
