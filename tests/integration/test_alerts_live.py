@@ -31,6 +31,7 @@ from tests.support import REPO_ROOT
 from tests.support.alertmanager import Received, WebhookReceiver, running_alertmanager
 from tests.support.demo import running_demo
 from tests.support.ports import free_port
+from tests.support.process import tail
 from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.promql import substitute
 from tests.support.rules import render_preset
@@ -79,25 +80,27 @@ def live_chain(tmp: Path, *demo_args: str) -> Iterator[tuple[WebhookReceiver, su
     port = free_port()
     rules = render_preset(tmp / "rules", "demo")
     with WebhookReceiver() as hook, running_alertmanager(routed_example(tmp, hook.url)) as am, \
-            running_demo(port, *demo_args, env={"OMP_NUM_THREADS": "1"}, timeout=90) as demo, \
+            running_demo(port, *demo_args, env={"OMP_NUM_THREADS": "1"}, timeout=90, log=tmp / "demo.log") as demo, \
             running_prometheus([f"127.0.0.1:{port}"], [rules], alertmanager_url=am.url) as prom:
         prom.wait_targets_up(timeout=30)
         yield hook, demo, prom
 
 
-def warned(hook: WebhookReceiver, demo: subprocess.Popen[bytes], timeout: float) -> Received:
-    """The first MemexporterOOMPredicted notification: on the chat receiver, while the demo runs."""
+def warned(hook: WebhookReceiver, demo: subprocess.Popen[bytes], timeout: float, log: Path) -> Received:
+    """The first MemexporterOOMPredicted notification: on the chat receiver, while the demo runs
+    (``log``: the demo's output, shown when it stopped first)."""
     warning = hook.wait_for(firing("MemexporterOOMPredicted"), timeout=timeout)
     assert warning.path == "/chat", "warnings route to the chat receiver"
     assert the_alert(warning, "MemexporterOOMPredicted")["labels"]["severity"] == "warning"
-    assert demo.poll() is None, "the warning must arrive while the job still runs"
+    assert demo.poll() is None, (f"the warning must arrive while the job still runs; the demo exited with "
+                                 f"{demo.returncode}:\n{tail(log)}")
     return warning
 
 
 def test_young_demo_is_warned_before_it_stops(tmp_path: Path, record_property: Any) -> None:
     with live_chain(tmp_path, *YOUNG) as (hook, demo, prom):
         started = time.time()
-        warning = warned(hook, demo, timeout=300)
+        warning = warned(hook, demo, timeout=300, log=tmp_path / "demo.log")
         rc = demo.wait(timeout=300)
         stopped = time.time()
         assert rc == SIMULATED_OOM_EXIT
@@ -124,7 +127,7 @@ def test_young_demo_is_warned_before_it_stops(tmp_path: Path, record_property: A
 def test_page_arrives_before_the_simulated_oom(tmp_path: Path, record_property: Any) -> None:
     with live_chain(tmp_path, *SLOW) as (hook, demo, prom):
         started = time.time()
-        warning = warned(hook, demo, timeout=600)
+        warning = warned(hook, demo, timeout=600, log=tmp_path / "demo.log")
         page = hook.wait_for(firing("MemexporterOOMImminent"), timeout=600)
         assert page.path == "/pager", "critical alerts route to the pager"
         assert the_alert(page, "MemexporterOOMImminent")["labels"]["severity"] == "critical"

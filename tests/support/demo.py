@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 from tests.support import REPO_ROOT
 from tests.support.process import running_command
@@ -43,16 +44,19 @@ def torchrun_demo_argv(base_port: int, *extra_args: str, nproc: int = 2) -> list
 
 @contextlib.contextmanager
 def running_demo(
-    port: int, *extra_args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0
+    port: int, *extra_args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0,
+    log: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Start the CPU demo on ``127.0.0.1:port``; yield once ``/metrics`` answers 200, stop it after.
 
-    Raises ``tests.support.process.ProcessError`` with the demo's output if it exits or is not
-    ready within ``timeout`` seconds.
+    Its output goes to ``log`` (a temporary file by default): a test that outlives the demo's
+    start can show it when the demo stops unexpectedly. Raises
+    ``tests.support.process.ProcessError`` with the demo's output if it exits or is not ready
+    within ``timeout`` seconds.
     """
     with running_command(
         demo_argv(port, *extra_args), [f"http://127.0.0.1:{port}/metrics"],
-        env=module_env(env), cwd=REPO_ROOT, timeout=timeout, what="memexporter demo",
+        env=module_env(env), cwd=REPO_ROOT, timeout=timeout, what="memexporter demo", log=log,
     ) as proc:
         yield proc
 
