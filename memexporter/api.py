@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from memexporter import exporter as _exporter
 from memexporter.exporter import Exporter
 from memexporter.torchcheck import require_torch
-
-__all__ = ["Exporter", "start", "step", "stop", "track"]
+from memexporter.tracking import phases as _phases
 from memexporter.tracking import steps as _steps
+
+__all__ = ["Exporter", "Phase", "phase", "start", "step", "stop", "track"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     from memexporter.tracking.modules import TrackHandle
@@ -80,13 +86,67 @@ def stop() -> None:
     _exporter.stop()
 
 
-def step() -> None:
+def step(count: int | None = None) -> None:
     """Mark a training-step boundary by hand.
 
     Optional: every ``optimizer.step()`` is detected. Call it when one optimizer step is not one
-    step of yours; from the first call on, optimizer steps no longer count. Cheap; never raises.
+    step of yours; from the first call on, optimizer steps no longer count. ``count`` is your own
+    step number (a trainer's global step): ``memexporter_steps_total`` takes it when it is ahead
+    (it never goes back). Cheap; never raises.
     """
-    _steps.step()
+    _steps.step(count)
+
+
+class Phase:
+    """A named phase of the run: ``with memexporter.phase("eval"): ...`` or ``@memexporter.phase("eval")``.
+
+    Each occurrence gets its peak per device, duration and count on ``/metrics``
+    (``memexporter_phase_*``). Nesting is allowed (each open phase counts); one object may be
+    entered on several threads at once. ``eval``, ``validation``, ``test``, ``predict`` and
+    ``checkpoint`` happen between training steps: their memory is kept out of the step peak.
+    A no-op while no exporter runs. Costs one memory reading (a few microseconds on CPU) at each end.
+    """
+
+    __slots__ = ("_open", "name")
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"memexporter.phase: the name must be a str, got {type(name).__name__}")
+        if not name.strip():
+            raise ValueError("memexporter.phase: the name must not be empty")
+        self.name = name
+        self._open: dict[int, list[Any]] = {}  # thread id -> occurrences this object opened, innermost last
+
+    def __enter__(self) -> Phase:
+        tracker = _phases.active()
+        token = tracker.enter(self.name) if tracker is not None else None
+        self._open.setdefault(threading.get_ident(), []).append((tracker, token))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        opened = self._open.get(threading.get_ident())
+        if opened:
+            tracker, token = opened.pop()
+            if tracker is not None and token is not None:
+                tracker.exit(token)
+            if not opened:
+                self._open.pop(threading.get_ident(), None)
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"memexporter.phase({self.name!r})"
+
+
+def phase(name: str) -> Phase:
+    """A phase of the run named ``name``: a context manager and a decorator (see ``Phase``)."""
+    return Phase(name)
 
 
 def track(model: Any, optimizer: Any = None, **options: Any) -> TrackHandle:

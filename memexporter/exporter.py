@@ -23,7 +23,7 @@ from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.scrape import Identity, Sources
 from memexporter.server import Route, Server, serve
 from memexporter.serving.conn import ConnectionStats
-from memexporter.tracking import steps
+from memexporter.tracking import phases, steps
 
 if TYPE_CHECKING:
     from memexporter.diagnose.wiring import Diagnostics
@@ -90,6 +90,7 @@ class Exporter:
             if _running is self:
                 _running = None
                 steps.activate(None, auto_step=False)
+                phases.activate(None)
 
     def __enter__(self) -> Exporter:
         return self
@@ -172,7 +173,8 @@ def _start_locked(config: Config, meter_provider: Any = None, port_hint: str = "
     cuda, host = TorchBackend(), HostBackend()
     tracker = steps.StepTracker(cuda, host, window=config.leak_window, warmup_steps=config.warmup_steps)
     http_stats = ConnectionStats()
-    sources = Sources(ident, config, cuda, NvmlBackend(), host, tracker, __version__, http_stats)
+    phase_tracker = phases.PhaseTracker(tracker)
+    sources = Sources(ident, config, cuda, NvmlBackend(), host, tracker, __version__, http_stats, phase_tracker)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MemexporterCollector(catalogue(), sources))
     diagnostics = attach_diagnostics(config, sources, cuda)
@@ -191,6 +193,7 @@ def _start_locked(config: Config, meter_provider: Any = None, port_hint: str = "
         exporter.stop()
         raise
     steps.activate(tracker, auto_step=config.auto_step)
+    phases.activate(phase_tracker)
     if config.auto_track:
         _auto_track(exporter)
     if server is not None:
@@ -271,6 +274,7 @@ def _after_fork_in_child() -> None:
     if r is not None and r._server is not None:
         r._server.close_in_child()
     steps.activate(None, auto_step=False)
+    phases.activate(None)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -20,6 +20,8 @@ MetricType = Literal["gauge", "counter"]
 RANK = ("rank",)
 DEVICE = ("rank", "device")
 MODULE = ("rank", "module")
+PHASE = ("rank", "phase")
+DEVICE_PHASE = ("rank", "device", "phase")
 
 # The UCUM unit of each Prometheus base unit, as OpenTelemetry spells it. otlptranslator's unit
 # suffixes map them back (By -> bytes, s -> seconds, By/s -> bytes_per_second; a `{...}`
@@ -103,6 +105,14 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("leak_bytes_per_step", "bytes_per_step", "Robust (Theil-Sen) slope of the baseline against step count over the leak window; 0 until enough steps or when within noise.", DEVICE, "trend", "memexporter.leak.bytes_per_step"),
     _g("oom_eta_seconds", "seconds", "Seconds until the step peak reaches memory_limit_bytes at the current leak rate; +Inf when not growing.", DEVICE, "trend", "memexporter.oom.eta"),
     _c("steps", "Training steps seen (optimizer steps, or memexporter.step() calls).", RANK, "trend", "memexporter.steps", counts="{step}"),
+    _g("last_step_timestamp_seconds", "seconds", "Unix time of the last step boundary; absent before the first step. time() minus this, against step_interval_seconds, tells a stalled run from a slow one.", RANK, "trend", "memexporter.last_step_timestamp"),
+    _g("step_interval_seconds", "seconds", "Median wall time between the last 32 step boundaries: the run's own step rhythm; absent before two steps.", RANK, "trend", "memexporter.step.interval"),
+    # --- Phases (collectors/phases.py): memexporter.phase() and the automatic forward/backward/optimizer.
+    _g("phase_peak_bytes", "bytes", "Highest used during the last completed occurrence of the phase: the lifetime high-water mark when it rose during the phase (exact; cuda: allocated_bytes.all.peak, cpu: ru_maxrss), otherwise the highest sample taken at its boundaries and inside it (a lower bound). Peak stats are never reset.", DEVICE_PHASE, "phases", "memexporter.phase.peak"),
+    _g("phase_duration_seconds", "seconds", "Wall time of the last completed occurrence of the phase.", PHASE, "phases", "memexporter.phase.duration"),
+    _c("phase_completed", "Completed occurrences of the phase (distinct phase names beyond the first 16 count as phase=\"other\").", PHASE, "phases", "memexporter.phase.completed", counts="{occurrence}"),
+    _g("phase_active", "", "1 while the phase is open (nested phases: each open one), else 0.", PHASE, "phases", "memexporter.phase.active"),
+    _g("phase_last_change_timestamp_seconds", "seconds", "Unix time a phase last began or ended; absent before the first phase.", RANK, "phases", "memexporter.phase.last_change_timestamp"),
     # --- CUDA caching allocator (collectors/allocator.py), read at scrape time.
     _g("allocator_allocated_bytes", "bytes", f"Bytes held by live tensors: {_MS}['allocated_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.allocated", True),
     _g("allocator_reserved_bytes", "bytes", f"Bytes reserved from the driver by the caching allocator: {_MS}['reserved_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.reserved", True),

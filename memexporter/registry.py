@@ -41,11 +41,12 @@ def catalogue() -> list[MemCollector]:
     from memexporter.collectors.host import HostCollector
     from memexporter.collectors.memory import MemoryCollector
     from memexporter.collectors.modules import ModulesCollector
+    from memexporter.collectors.phases import PhasesCollector
     from memexporter.collectors.trend import TrendCollector
 
     return [
         MemoryCollector(), TrendCollector(), AllocatorCollector(), DeviceCollector(),
-        HostCollector(), ModulesCollector(), ExporterCollector(),
+        HostCollector(), ModulesCollector(), PhasesCollector(), ExporterCollector(),
     ]
 
 

@@ -17,6 +17,7 @@ from memexporter.backends.base import CudaSource, HostSource, NvmlSource, cuda_l
 from memexporter.backends.host import HostSample
 from memexporter.backends.nvml import NvmlMemory
 from memexporter.config import Config
+from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
 
 __all__ = ["CudaSource", "HostSource", "HttpSource", "Identity", "MemoryView", "NvmlSource", "Scrape", "Sources",
@@ -51,6 +52,7 @@ class Sources:
     steps: StepTracker | None = None
     version: str = field(default="")
     http: HttpSource | None = None  # the HTTP server's dropped-connection counts
+    phases: PhaseTracker | None = None
 
     @property
     def rank(self) -> str:

@@ -76,7 +76,8 @@ class ForwardHooks:
     _before: list[int]
     _deltas: Mapping[str, int]
     _removed: bool
-    _sample: Callable[[], None]
+    _forward_begin: Callable[[], None]  # phases.forward_begin: the automatic "forward" phase
+    _forward_end: Callable[[bool], None]  # phases.forward_end: also a step-peak sample
     _finish_remove: Callable[[], None]  # TrackHandle
     _refresh_params: Callable[[], None]  # StepHooks._refresh_params
 
@@ -98,10 +99,12 @@ class ForwardHooks:
                 if self._ctx is not None:
                     self._stack.append(row)
                 return
-            # Only a grad-enabled forward on the owning process records. A checkpoint recompute
-            # runs inside backward (a graph task is running): it is not a new forward.
-            if not (torch.is_grad_enabled() and _graph_task() == -1 and os.getpid() == self._pid
-                    and _hooks_enabled()):
+            # A checkpoint recompute runs inside backward (a graph task is running): it is not a
+            # new forward. Only a grad-enabled forward on the owning process records.
+            if _graph_task() != -1 or os.getpid() != self._pid:
+                return
+            self._forward_begin()
+            if not (torch.is_grad_enabled() and _hooks_enabled()):
                 return
             with self._life:
                 if self._removed:
@@ -132,7 +135,8 @@ class ForwardHooks:
                 self._end()
             # Removed meanwhile: the hooks come off at the next pre-hook, not here (a forward that
             # raised has torch iterating this module's forward hooks right now).
-            self._sample()
+            if _graph_task() == -1:
+                self._forward_end(torch.is_grad_enabled())
         except Exception:
             count_failure("forward hook")
 

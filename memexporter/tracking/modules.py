@@ -31,7 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from memexporter.config import resolve_knob
-from memexporter.tracking import ledger, saved, snapshots
+from memexporter.tracking import ledger, phases, saved, snapshots
 from memexporter.tracking.errors import count_failure, hook_errors
 from memexporter.tracking.hooks import ForwardHooks
 
@@ -89,7 +89,7 @@ class TrackHandle(ForwardHooks, StepHooks):
         self._before: list[int] = []
         self._deltas: Mapping[str, int] = MappingProxyType({})
         self._removed = False
-        self._sample = _sampler()
+        self._forward_begin, self._forward_end = phases.forward_begin, phases.forward_end
         if cuda_forward_delta and allocated is None and self._params.cuda_index is None:
             log.warning("memexporter: cuda_forward_delta=True, but %s has no CUDA parameters yet", type(model).__name__)
         # All or nothing: a hook that fails to register takes the ones before it off again.
@@ -169,20 +169,6 @@ class TrackHandle(ForwardHooks, StepHooks):
             index = self._params.cuda_index
             return 0 if index is None else backend.allocated(index)[0]
         return allocated
-
-
-def _noop() -> None:
-    return None
-
-
-def _sampler() -> Callable[[], None]:
-    """``memexporter.tracking.steps.sample`` (a step-peak sample at the end of each forward)."""
-    try:
-        from memexporter.tracking import steps
-
-        return steps.sample
-    except (ImportError, AttributeError):
-        return _noop
 
 
 def _skipped(model: nn.Module, failed: int) -> None:

@@ -13,18 +13,22 @@ pre-step hook, the end of a tracked model's forward): a lower bound.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import resource
+import statistics
 import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from memexporter.backends.base import CudaSource, HostSource, cuda_label
+from memexporter.tracking import phases
 from memexporter.trend import TrendPoints, TrendWindow
 
 log = logging.getLogger("memexporter")
@@ -32,6 +36,11 @@ log = logging.getLogger("memexporter")
 # The device list is re-read every so many steps, so a model moved to the GPU after start() is
 # picked up without a device scan on every step.
 _DEVICE_REFRESH_STEPS = 50
+# step_interval_seconds is the median of the intervals between the last this-many boundaries.
+_RHYTHM_STEPS = 33
+
+Readings: TypeAlias = dict[str, tuple[int, int]]
+"""``{device: (used, lifetime high-water mark)}`` in bytes, read at one instant."""
 
 
 def _host_peak() -> int:
@@ -42,10 +51,13 @@ def _host_peak() -> int:
 
 @dataclass(frozen=True)
 class StepSnapshot:
-    """An immutable copy for the scrape thread: step count and each device's trend points."""
+    """An immutable copy for the scrape thread: step count, each device's trend points, the unix
+    time of the last boundary and the median seconds between recent boundaries (None before)."""
 
     steps: int
     devices: dict[str, TrendPoints]
+    last_step_time: float | None = None
+    step_interval: float | None = None
 
 
 @dataclass
@@ -81,18 +93,26 @@ class StepTracker:
     """Bounded per-device step history. ``step()`` and ``sample()`` run on the training thread."""
 
     def __init__(self, cuda: CudaSource, host: HostSource, window: int, warmup_steps: int,
-                 clock: Callable[[], float] = time.monotonic, host_peak: Callable[[], int] = _host_peak) -> None:
-        self._cuda, self._host, self._clock, self._host_peak = cuda, host, clock, host_peak
+                 clock: Callable[[], float] = time.monotonic, host_peak: Callable[[], int] = _host_peak,
+                 wall: Callable[[], float] = time.time) -> None:
+        self._cuda, self._host, self._clock, self._host_peak, self._wall = cuda, host, clock, host_peak, wall
         self._window, self._warmup = window, warmup_steps
         self._lock = threading.Lock()
         self._devices: dict[str, _Device] = {}
         self._cuda_indices: list[int] = []
         self.steps = 0
         self.errors = 0
+        self._times: deque[float] = deque(maxlen=_RHYTHM_STEPS)  # monotonic times of recent boundaries
+        self._last_wall: float | None = None
+        # While an out-of-step phase (evaluation, checkpoint) runs: each device's step_max at its
+        # start, restored when it ends, so its memory stays out of the step peak.
+        self._held: dict[str, int] | None = None
         # Called as fn(step) after each boundary, on the training thread (the tensor census).
         self._boundary_callbacks: tuple[Callable[[int], None], ...] = ()
+        # Called as fn(readings) after each sample and boundary (the open phases' peaks).
+        self._observers: tuple[Callable[[Readings], None], ...] = ()
 
-    def _read(self, refresh: bool = False) -> dict[str, tuple[int, int]]:
+    def _read(self, refresh: bool = False) -> Readings:
         """``{device: (used, lifetime high-water mark)}`` for cpu and each CUDA device in use.
 
         Only a step boundary may rescan the devices (a scan reads every visible device's stats);
@@ -105,8 +125,8 @@ class StepTracker:
             out[cuda_label(i)] = self._cuda.allocated(i)
         return out
 
-    def sample(self) -> None:
-        """Record an intra-step sample of ``used``, for the step peak."""
+    def sample(self) -> Readings | None:
+        """Record an intra-step sample of ``used``, for the step peak; the readings, or None if they failed."""
         try:
             readings = self._read()
             with self._lock:
@@ -114,16 +134,25 @@ class StepTracker:
                     dev = self._devices.get(name)
                     if dev is not None and used > dev.step_max:
                         dev.step_max = used
+            for observer in self._observers:
+                observer(readings)
+            return readings
         except Exception:
             self._failed()
+            return None
 
-    def step(self) -> None:
-        """Mark a step boundary: append ``(step, t, baseline, peak)`` per device."""
+    def step(self, count: int | None = None) -> Readings | None:
+        """Mark a step boundary: append ``(step, t, baseline, peak)`` per device. ``count``: the
+        step number to take (a trainer's global step), if ahead of ours; else one more."""
         try:
             now = self._clock()
             readings = self._read(refresh=True)
             with self._lock:
-                self.steps += 1
+                self.steps = count if count is not None and count > self.steps else self.steps + 1
+                self._times.append(now)
+                self._last_wall = self._wall()
+                if self._held is not None:  # a boundary inside an out-of-step phase starts a new step
+                    self._held = {name: used for name, (used, _) in readings.items()}
                 for name, (used, high_water) in readings.items():
                     dev = self._devices.get(name)
                     if dev is None:
@@ -133,10 +162,34 @@ class StepTracker:
                     dev.window.add(self.steps, now, float(used), float(peak))
                     dev.high_water, dev.last_used, dev.step_max = high_water, used, used
                 steps = self.steps
+            for observer in self._observers:
+                observer(readings)
             for callback in self._boundary_callbacks:
                 callback(steps)
+            return readings
         except Exception:
             self._failed()
+            return None
+
+    def hold(self) -> None:
+        """An out-of-step phase starts: remember each device's step peak so far."""
+        with self._lock:
+            self._held = {name: d.step_max for name, d in self._devices.items()}
+
+    def release(self, readings: Readings) -> None:
+        """It ended (``readings`` taken at its end): put the step peak back as it was, and take
+        the high-water mark it left as the new reference, so a rise inside it is not the step's."""
+        with self._lock:
+            held, self._held = self._held or {}, None
+            for name, (_, high_water) in readings.items():
+                dev = self._devices.get(name)
+                if dev is not None:
+                    dev.high_water = high_water
+                    dev.step_max = held.get(name, dev.last_used)
+
+    def add_observer(self, observer: Callable[[Readings], None]) -> None:
+        """Call ``observer(readings)`` after every sample and boundary. It must not raise."""
+        self._observers += (observer,)
 
     def add_boundary_callback(self, callback: Callable[[int], None]) -> None:
         """Call ``callback(step)`` after every boundary, on the training thread. It must not raise."""
@@ -147,7 +200,11 @@ class StepTracker:
 
     def snapshot(self) -> StepSnapshot:
         with self._lock:
-            return StepSnapshot(self.steps, {name: d.window.snapshot() for name, d in self._devices.items()})
+            devices = {name: d.window.snapshot() for name, d in self._devices.items()}
+            times = list(self._times)
+            steps, last = self.steps, self._last_wall
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        return StepSnapshot(steps, devices, last, statistics.median(gaps) if gaps else None)
 
     def _failed(self) -> None:
         # Never raise into training: count, and log the first traceback only.
@@ -215,8 +272,10 @@ def _on_pre_step(optimizer: object, args: object, kwargs: object) -> None:
     global _pending
     _pending = id(optimizer)
     tracker = _tracker()
-    if tracker is not None and _auto and not _manual:
-        tracker.sample()  # gradients are alive here: often close to the step's peak
+    if tracker is not None:
+        # Gradients are alive here: often close to the step's peak. The same reading ends the
+        # backward phase and opens the optimizer's.
+        phases.optimizer_begin(tracker.sample())
 
 
 def _on_post_step(optimizer: object, args: object, kwargs: object) -> None:
@@ -225,29 +284,28 @@ def _on_post_step(optimizer: object, args: object, kwargs: object) -> None:
         return  # the outer call of a nested step(): its inner call counted this step
     _pending = None
     tracker = _tracker()
-    if tracker is None or not _auto or _manual:
+    if tracker is None:
         return
     try:
         primary = _is_primary(optimizer)
     except Exception:
         primary = True
-    if primary:
-        tracker.step()
-    else:
-        tracker.sample()
+    boundary = primary and _auto and not _manual
+    phases.optimizer_end(tracker.step() if boundary else tracker.sample())
 
 
-def step() -> None:
-    """Mark a step boundary by hand. From the first call on, optimizer steps no longer count."""
+def step(count: int | None = None) -> None:
+    """Mark a step boundary by hand (``count``: a trainer's global step). From the first call
+    on, optimizer steps no longer count."""
     global _manual
     _manual = True
     tracker = _tracker()
     if tracker is not None:
-        tracker.step()
+        tracker.step(count)
 
 
 def sample() -> None:
-    """Record an intra-step sample (called at the end of a tracked model's forward). Never raises."""
+    """Record an intra-step sample. Never raises."""
     tracker = _tracker()
     if tracker is not None:
         tracker.sample()

@@ -14,6 +14,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.serving.conn import ConnectionStats
+from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
 from tests.support.binaries import require
 from tests.unit.fakes import MiB, one_gpu, sources, with_host
@@ -31,16 +32,26 @@ def _registry() -> CollectorRegistry:
     cuda, nvml = one_gpu()
     host = with_host()
     clock = iter(float(t) for t in range(10**6))
-    tracker = StepTracker(cuda, host, window=64, warmup_steps=0, clock=lambda: next(clock), host_peak=lambda: 0)
+    wall = iter(1.8e9 + t for t in range(10**6))
+    tracker = StepTracker(cuda, host, window=64, warmup_steps=0, clock=lambda: next(clock), host_peak=lambda: 0,
+                          wall=lambda: next(wall))
+    phase_tracker = PhaseTracker(tracker, clock=lambda: next(clock), wall=lambda: next(wall))
     for i in range(40):  # a synthetic 1 MiB/step leak on cuda:0, flat host
         cuda.stats[0] = {**cuda.stats[0], "allocated_bytes.all.current": 3 * 1024 * MiB + i * MiB}
         tracker.step()
+        if i % 20 == 19:  # an evaluation holding 512 MiB more, twice
+            evaluation = phase_tracker.enter("eval")
+            cuda.stats[0] = {**cuda.stats[0], "allocated_bytes.all.current": 3 * 1024 * MiB + (i + 512) * MiB}
+            tracker.sample()
+            cuda.stats[0] = {**cuda.stats[0], "allocated_bytes.all.current": 3 * 1024 * MiB + i * MiB}
+            assert evaluation is not None
+            phase_tracker.exit(evaluation)
     http = ConnectionStats()
     for reason in ("timeout", "timeout", "reset"):  # two clients cut at the deadline, one port scan
         http.count(reason)
     reg = CollectorRegistry(auto_describe=False)
     # A frozen clock makes collector_duration_seconds 0, so the file is stable.
-    src = dataclasses.replace(sources(cuda, nvml, host, steps=tracker), http=http)
+    src = dataclasses.replace(sources(cuda, nvml, host, steps=tracker), http=http, phases=phase_tracker)
     reg.register(MemexporterCollector(catalogue(), src, clock=lambda: 0.0))
     return reg
 

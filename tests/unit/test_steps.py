@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import memexporter
-from memexporter.tracking import steps
+from memexporter.tracking import phases, steps
 from memexporter.tracking.modules import track
 from memexporter.tracking.steps import StepTracker
 from tests.unit.fakes import FakeCuda, FakeHost, MiB
@@ -227,12 +227,15 @@ def test_stop_and_start_in_the_middle_of_an_optimizer_step_never_raise_into_it()
 
 @pytest.fixture
 def flat_mark() -> Iterator[tuple[StepTracker, ScriptedHost]]:
-    """An active tracker whose high-water mark never moves: step peaks come from samples only."""
+    """An active tracker whose high-water mark never moves: step peaks come from samples only.
+    With its phase tracker, as the exporter wires them (the forward hooks reach it through that)."""
     host = ScriptedHost(hwm=500 * MiB)
     t = tracker(host)
     steps.activate(t, auto_step=True)
+    phases.activate(phases.PhaseTracker(t))
     yield t, host
     steps.activate(None, auto_step=False)
+    phases.activate(None)
 
 
 def test_the_moment_before_an_optimizer_step_is_a_peak_sample(flat_mark: tuple[StepTracker, ScriptedHost]) -> None:
