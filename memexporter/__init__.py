@@ -10,6 +10,6 @@ from __future__ import annotations
 
 __version__ = "0.2.0"
 
-from memexporter.api import Exporter, Phase, phase, start, step, stop, track
+from memexporter.api import Exporter, Phase, on_oom_risk, phase, start, step, stop, track
 
-__all__ = ["Exporter", "Phase", "__version__", "phase", "start", "step", "stop", "track"]
+__all__ = ["Exporter", "Phase", "__version__", "on_oom_risk", "phase", "start", "step", "stop", "track"]

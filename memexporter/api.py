@@ -13,12 +13,13 @@ from memexporter.torchcheck import require_torch
 from memexporter.tracking import phases as _phases
 from memexporter.tracking import steps as _steps
 
-__all__ = ["Exporter", "Phase", "phase", "start", "step", "stop", "track"]
+__all__ = ["Exporter", "Phase", "on_oom_risk", "phase", "start", "step", "stop", "track"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     from memexporter.tracking.modules import TrackHandle
+    from memexporter.tracking.risk import OomRisk, RiskHandle
 
 
 def start(
@@ -166,3 +167,25 @@ def track(model: Any, optimizer: Any = None, **options: Any) -> TrackHandle:
         options.setdefault("depth", running.config.module_depth)
         options.setdefault("max_modules", running.config.max_modules)
     return _track(model, optimizer, **options)
+
+
+def on_oom_risk(fn: Callable[[OomRisk], None]) -> RiskHandle:
+    """Call ``fn(risk)`` when an OOM is minutes away: once per risk episode, on the training thread
+    at a step boundary (save a checkpoint, lower the batch size, dump state).
+
+    The judgement is the critical alert's (``MemexporterOOMImminent`` with its default
+    thresholds): the recent step peak, or an evaluation's peak, above 97% of the limit; or above
+    80% with the in-process ETA under 30 minutes. It is made off the training thread once a
+    second; a scrape or a client never triggers it. ``risk`` is a ``memexporter.tracking.risk.OomRisk``
+    (device, used/peak/limit bytes, ETA seconds, reason, phase, step). Register before or after
+    ``start()``; returns a handle to ``remove()``. A callback that raises is logged and counted,
+    never raised into training.
+    """
+    from memexporter.tracking import risk
+
+    handle = risk.register(fn)
+    with _exporter._lock:
+        running = _exporter.running()
+        if running is not None:
+            _exporter.watch_oom_risk(running)
+    return handle

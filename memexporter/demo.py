@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                 # ones(), not empty(): on the CPU untouched pages never become resident.
                 gpt.leak_store.append(torch.ones(int(args.leak_mib_per_step * MiB) // 4, dtype=torch.float32, device=device))
             if args.eval_every and step % args.eval_every == 0:
-                with torch.no_grad():
+                with memexporter.phase("eval"), torch.no_grad():
                     model(torch.randint(0, 512, (args.batch_size * 4, args.seq_len), device=device))
             used, lim, text = _status(exp, mem_device)
             if limit is not None and used >= lim:

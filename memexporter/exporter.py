@@ -28,6 +28,7 @@ from memexporter.tracking import phases, steps
 if TYPE_CHECKING:
     from memexporter.diagnose.wiring import Diagnostics
     from memexporter.otel import OtelHandle
+    from memexporter.tracking.risk import RiskWatch
 
 log = logging.getLogger("memexporter")
 
@@ -56,6 +57,7 @@ class Exporter:
         self.tracked: list[Any] = []  # handles from start(model=...), removed on stop()
         self.otel: OtelHandle | None = None  # the OpenTelemetry side (memexporter/otel/), shut down on stop()
         self.diagnostics: Diagnostics | None = None  # debug / oom_dump_dir (memexporter/diagnose)
+        self.risk: RiskWatch | None = None  # on_oom_risk's judge, once a callback is registered
 
     @property
     def port(self) -> int | None:
@@ -84,6 +86,9 @@ class Exporter:
             self.tracked.clear()
             if self.diagnostics is not None:
                 self.diagnostics.close()
+            if self.risk is not None:
+                self.risk.stop()
+                self.risk = None
             if self._server is not None:
                 self._server.stop()
                 self._server = None
@@ -194,6 +199,7 @@ def _start_locked(config: Config, meter_provider: Any = None, port_hint: str = "
         raise
     steps.activate(tracker, auto_step=config.auto_step)
     phases.activate(phase_tracker)
+    watch_oom_risk(exporter)
     if config.auto_track:
         _auto_track(exporter)
     if server is not None:
@@ -221,6 +227,14 @@ def _auto_track(exporter: Exporter) -> None:
                  ", ".join(type(m).__name__ for m in models), exporter.config.max_modules)
 
     discover.start(found)
+
+
+def watch_oom_risk(exporter: Exporter) -> None:
+    """Start judging the OOM risk (tracking/risk.py) once an ``on_oom_risk`` callback exists."""
+    from memexporter.tracking import risk
+
+    if exporter.risk is None and risk.registered():
+        exporter.risk = risk.RiskWatch(exporter.sources, callbacks=risk.registered)
 
 
 def _attach_otel(exporter: Exporter, meter_provider: Any) -> None:

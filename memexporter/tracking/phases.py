@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 OUT_OF_STEP_PHASES = frozenset({"eval", "validation", "test", "predict", "checkpoint"})
 # The phases memexporter marks by itself: parts of a training step.
 AUTOMATIC_PHASES = ("forward", "backward", "optimizer")
+# The training step's own phases: the automatic ones and the callbacks' "train" (one step).
+TRAINING_PHASES = frozenset({"train", *AUTOMATIC_PHASES})
 MAX_PHASES = 16
 """Distinct phase names exported per process; later names are counted as ``OTHER``."""
 OTHER = "other"

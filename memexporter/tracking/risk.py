@@ -1,0 +1,171 @@
+"""``memexporter.on_oom_risk(fn)``: act before the OOM, on the training thread.
+
+The judgement is the critical alert's (``MemexporterOOMImminent``, with its default thresholds from
+``rules/params.py``): the recent step peak, or the last out-of-step phase's peak (an evaluation),
+fills more than ``full_utilisation`` of the limit ("headroom"); or it fills more than
+``min_utilisation`` and the in-process ETA is within ``horizon_s`` ("forecast").
+
+Who does what: a daemon thread judges once every ``CHECK_INTERVAL_S`` from the same figures a scrape
+reads (the step tracker's windows, the limit of each device); the training thread, at its next step
+boundary, runs the callbacks once per episode. An episode ends when a judgement finds no risk.
+Neither the scrape nor a client can trigger a callback. A callback that raises is logged (first
+time with its traceback) and counted in ``memexporter_hook_errors_total``; training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from memexporter.rules.params import RulesConfig
+from memexporter.scrape import Scrape, Sources
+from memexporter.tracking.errors import count_failure
+from memexporter.tracking.phases import OUT_OF_STEP_PHASES
+from memexporter.trend import estimate
+
+log = logging.getLogger("memexporter")
+
+CHECK_INTERVAL_S = 1.0
+_DEFAULTS = RulesConfig()
+
+
+@dataclass(frozen=True)
+class OomRisk:
+    """Why ``on_oom_risk`` called: bytes of ``device``, ETA in seconds (``math.inf``: not growing),
+    ``reason`` ``"headroom"`` or ``"forecast"``, ``phase`` whose peak it was (``"step"``: the
+    training steps'), and the step count when judged."""
+
+    device: str
+    used_bytes: float
+    peak_bytes: float
+    limit_bytes: float
+    eta_seconds: float
+    reason: str
+    phase: str
+    step: int
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    horizon_s: float = float(_DEFAULTS.imminent_horizon)
+    min_utilisation: float = _DEFAULTS.imminent_min_utilisation
+    full_utilisation: float = _DEFAULTS.imminent_full_utilisation
+
+
+def judge(sources: Sources, thresholds: Thresholds) -> OomRisk | None:
+    """The first device at risk now, or None. Reads what one scrape reads."""
+    tracker = sources.steps
+    if tracker is None:
+        return None
+    snap, scrape = tracker.snapshot(), Scrape(sources)
+    phase_peaks: dict[str, tuple[str, float]] = {}
+    if sources.phases is not None:
+        for name, stats in sources.phases.snapshot()[0].items():
+            for device, peak in stats.peaks.items():
+                if name in OUT_OF_STEP_PHASES and peak > phase_peaks.get(device, ("", 0.0))[1]:
+                    phase_peaks[device] = (name, float(peak))
+    for device, points in snap.devices.items():
+        view = scrape.views.get(device)
+        if view is None or not view.limit:
+            continue
+        est = estimate(points, view.limit)
+        step_peak = max(points.recent_peaks, default=est.peak_bytes)
+        phase, peak = max([("step", step_peak), phase_peaks.get(device, ("", 0.0))], key=lambda p: p[1])
+        util = peak / view.limit
+        if util > thresholds.full_utilisation:
+            reason = "headroom"
+        elif step_peak / view.limit > thresholds.min_utilisation and est.oom_eta_seconds < thresholds.horizon_s:
+            reason, phase, peak = "forecast", "step", step_peak
+        else:
+            continue
+        return OomRisk(device, view.used, peak, view.limit, est.oom_eta_seconds, reason, phase, snap.steps)
+    return None
+
+
+class RiskWatch:
+    """The judging thread and the training-thread callback runner of one exporter."""
+
+    def __init__(self, sources: Sources, thresholds: Thresholds = Thresholds(),
+                 callbacks: Callable[[], tuple[Callable[[OomRisk], None], ...]] = tuple) -> None:
+        self._sources, self._thresholds, self._callbacks = sources, thresholds, callbacks
+        self._risk: OomRisk | None = None  # set by the judge, read at the next boundary
+        self._fired = False  # the callbacks ran in this episode
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="memexporter-oom-risk", daemon=True)
+        if sources.steps is not None:
+            sources.steps.add_boundary_callback(self.at_boundary)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(CHECK_INTERVAL_S):
+            if not self._callbacks():
+                continue
+            try:
+                risk = judge(self._sources, self._thresholds)
+            except Exception:
+                count_failure("OOM-risk judgement")
+                continue
+            self._risk = risk
+            if risk is None:
+                self._fired = False  # the episode is over: the next risk calls again
+
+    def at_boundary(self, step: int) -> None:
+        """On the training thread, after a step boundary: run the callbacks once per episode."""
+        risk = self._risk
+        if risk is None or self._fired:
+            return
+        self._fired = True
+        log.warning("memexporter: OOM risk on %s (%s: peak %.0f MiB of %.0f MiB, ETA %s): running %d on_oom_risk "
+                    "callback(s)", risk.device, risk.reason, risk.peak_bytes / 2**20, risk.limit_bytes / 2**20,
+                    "none" if math.isinf(risk.eta_seconds) else f"{risk.eta_seconds:.0f} s", len(self._callbacks()))
+        for fn in self._callbacks():
+            try:
+                fn(risk)
+            except Exception:  # the user's code: say so every time (once an episode), and count it
+                log.exception("memexporter: the on_oom_risk callback %r raised; training goes on", fn)
+                count_failure("on_oom_risk callback")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sources.steps is not None:
+            self._sources.steps.remove_boundary_callback(self.at_boundary)
+
+
+# --- The callbacks of this process (registered before or after start()). ------------------------
+
+_registered: tuple[Callable[[OomRisk], None], ...] = ()
+
+
+def registered() -> tuple[Callable[[OomRisk], None], ...]:
+    return _registered
+
+
+class RiskHandle:
+    """Returned by ``on_oom_risk``: ``remove()`` it (or use it as a context manager)."""
+
+    def __init__(self, fn: Callable[[OomRisk], None]) -> None:
+        self.fn = fn
+
+    def remove(self) -> None:
+        global _registered
+        items = list(_registered)
+        if self.fn in items:
+            items.remove(self.fn)
+        _registered = tuple(items)
+
+    def __enter__(self) -> RiskHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def register(fn: Callable[[OomRisk], None]) -> RiskHandle:
+    global _registered
+    if not callable(fn):
+        raise TypeError(f"memexporter.on_oom_risk: expected a callable taking an OomRisk, got {fn!r}")
+    _registered += (fn,)
+    return RiskHandle(fn)
