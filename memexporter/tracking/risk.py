@@ -61,18 +61,18 @@ def judge(sources: Sources, thresholds: Thresholds) -> OomRisk | None:
     if tracker is None:
         return None
     snap, scrape = tracker.snapshot(), Scrape(sources)
-    phase_peaks: dict[str, tuple[str, float]] = {}
+    phase_peaks: dict[str, tuple[str, float]] = {}  # device -> the highest out-of-step phase peak
     if sources.phases is not None:
         for name, stats in sources.phases.snapshot()[0].items():
-            for device, peak in stats.peaks.items():
-                if name in OUT_OF_STEP_PHASES and peak > phase_peaks.get(device, ("", 0.0))[1]:
-                    phase_peaks[device] = (name, float(peak))
+            for device, bytes_ in stats.peaks.items():
+                if name in OUT_OF_STEP_PHASES and bytes_ > phase_peaks.get(device, ("", 0.0))[1]:
+                    phase_peaks[device] = (name, float(bytes_))
     for device, points in snap.devices.items():
         view = scrape.views.get(device)
         if view is None or not view.limit:
             continue
         est = estimate(points, view.limit)
-        step_peak = max(points.recent_peaks, default=est.peak_bytes)
+        step_peak = float(max(points.recent_peaks, default=est.peak_bytes))
         phase, peak = max([("step", step_peak), phase_peaks.get(device, ("", 0.0))], key=lambda p: p[1])
         util = peak / view.limit
         if util > thresholds.full_utilisation:
