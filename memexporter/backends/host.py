@@ -8,11 +8,14 @@ cgroup's: cgroup v2 (``memory.max``, ``memory.current``) or v1 (``memory.limit_i
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 # cgroup v1 reports "no limit" as a huge page-aligned number rather than "max".
 _V1_UNLIMITED = 1 << 60
@@ -122,14 +125,44 @@ def read_cgroup(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/
 class HostBackend:
     """psutil for the process and the machine, cgroup files for the container limit."""
 
-    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> None:
+    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup"),
+                 statm: str = "/proc/self/statm") -> None:
         self._proc = psutil.Process()
         self._cgroup_root = cgroup_root
         self._proc_cgroup = proc_cgroup
+        self._statm_path = statm
+        self._statm: tuple[int, int] | None = None  # (pid, descriptor) of the open statm file
 
     def rss(self) -> int:
-        """Resident set size of this process (``memory_info().rss``); cheap, for the step tracker."""
-        return int(self._proc.memory_info().rss)
+        """Resident set size of this process in bytes, for the step tracker and every phase boundary.
+
+        Linux: field 2 of ``/proc/self/statm`` (pages) through a descriptor kept open, about 1 us a
+        read where psutil's ``memory_info()`` takes about 7; elsewhere, or if that fails, psutil.
+        """
+        fd = self._statm_fd()
+        if fd is not None:
+            try:
+                return int(os.pread(fd, 256, 0).split()[1]) * _PAGE
+            except (OSError, ValueError, IndexError):
+                pass
+        return int(psutil.Process().memory_info().rss)
+
+    def _statm_fd(self) -> int | None:
+        # Opened per process: a forked child's inherited descriptor reads its parent's file.
+        pid = os.getpid()
+        if self._statm is not None and self._statm[0] == pid:
+            return self._statm[1]
+        try:
+            fd = os.open(self._statm_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            fd = -1
+        self._statm = (pid, fd)
+        return None if fd < 0 else fd
+
+    def __del__(self) -> None:
+        if self._statm is not None and self._statm[0] == os.getpid() and self._statm[1] >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._statm[1])
 
     def children_rss(self) -> int:
         """Summed RSS of all descendants (DataLoader workers and their children), in bytes."""

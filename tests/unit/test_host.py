@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import psutil
 import pytest
 
 from memexporter.backends.host import HostBackend, read_cgroup
@@ -132,3 +134,37 @@ def test_proc_children_lists_name_a_real_child() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_rss_from_statm_agrees_with_psutil_and_grows_with_a_real_allocation() -> None:
+    backend = HostBackend()
+    before = backend.rss()
+    assert abs(before - psutil.Process().memory_info().rss) < 8 * 2**20
+    block = bytearray(64 * 2**20)  # zero-filled: every page is touched, so resident
+    grown = backend.rss() - before
+    del block
+    assert 60 * 2**20 < grown < 80 * 2**20, grown
+
+
+def test_rss_falls_back_to_psutil_without_statm(tmp_path: Path) -> None:
+    backend = HostBackend(statm=str(tmp_path / "no-statm"))
+    assert abs(backend.rss() - psutil.Process().memory_info().rss) < 8 * 2**20
+
+
+def test_rss_in_a_forked_child_is_the_childs() -> None:
+    backend = HostBackend()
+    backend.rss()  # the parent's descriptor is open before the fork
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child grows by 128 MiB: its reading must show it, the parent's would not
+        try:
+            block = bytearray(128 * 2**20)
+            os.write(write_end, str(backend.rss() - psutil.Process(os.getppid()).memory_info().rss).encode())
+            del block
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    difference = int(os.read(read_end, 64))
+    os.close(read_end)
+    assert difference > 100 * 2**20, difference
