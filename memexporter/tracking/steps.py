@@ -111,6 +111,7 @@ class StepTracker:
         self._boundary_callbacks: tuple[Callable[[int], None], ...] = ()
         # Called as fn(readings) after each sample and boundary (the open phases' peaks).
         self._observers: tuple[Callable[[Readings], None], ...] = ()
+        self.last: Readings | None = None  # the latest readings, from any sample or boundary
 
     def _read(self, refresh: bool = False) -> Readings:
         """``{device: (used, lifetime high-water mark)}`` for cpu and each CUDA device in use.
@@ -128,7 +129,7 @@ class StepTracker:
     def sample(self) -> Readings | None:
         """Record an intra-step sample of ``used``, for the step peak; the readings, or None if they failed."""
         try:
-            readings = self._read()
+            readings = self.last = self._read()
             with self._lock:
                 for name, (used, _) in readings.items():
                     dev = self._devices.get(name)
@@ -146,7 +147,7 @@ class StepTracker:
         step number to take (a trainer's global step), if ahead of ours; else one more."""
         try:
             now = self._clock()
-            readings = self._read(refresh=True)
+            readings = self.last = self._read(refresh=True)
             with self._lock:
                 self.steps = count if count is not None and count > self.steps else self.steps + 1
                 self._times.append(now)
