@@ -117,13 +117,24 @@ class StepTracker:
         """``{device: (used, lifetime high-water mark)}`` for cpu and each CUDA device in use.
 
         Only a step boundary may rescan the devices (a scan reads every visible device's stats);
-        intra-step samples reuse the last list.
+        intra-step samples reuse the last list. A device whose read fails is left out of this
+        reading (and counted): the others, and the step count, never depend on it.
         """
-        if refresh and self.steps % _DEVICE_REFRESH_STEPS == 0:
-            self._cuda_indices = self._cuda.cuda_devices()
-        out = {"cpu": (self._host.rss(), self._host_peak())}
+        out: Readings = {}
+        try:
+            if refresh and self.steps % _DEVICE_REFRESH_STEPS == 0:
+                self._cuda_indices = self._cuda.cuda_devices()
+        except Exception:
+            self._failed()
+        try:
+            out["cpu"] = (self._host.rss(), self._host_peak())
+        except Exception:
+            self._failed()
         for i in self._cuda_indices:
-            out[cuda_label(i)] = self._cuda.allocated(i)
+            try:
+                out[cuda_label(i)] = self._cuda.allocated(i)
+            except Exception:
+                self._failed()
         return out
 
     def sample(self) -> Readings | None:

@@ -85,6 +85,25 @@ def test_failures_are_counted_not_raised_and_logged_once(caplog: pytest.LogCaptu
     assert "synthetic failure" in str(record.exc_info[1] if record.exc_info else None)
 
 
+def test_a_failing_host_read_never_stops_step_counting() -> None:
+    # Issue 24 (6): psutil's memory_info() raising froze steps_total. The count and the other
+    # devices go on; only the failing device misses its points, and it comes back by itself.
+    host = ScriptedHost()
+    cuda = FakeCuda(stats={0: {"allocated_bytes.all.current": 5 * MiB, "allocated_bytes.all.peak": 9 * MiB}})
+    t = StepTracker(cuda, host, window=64, warmup_steps=0, clock=iter(range(10**6)).__next__,
+                    host_peak=lambda: host.hwm)
+    t.step()
+    host.fail = True
+    for _ in range(3):
+        t.step()
+    assert t.snapshot().steps == 4 and t.errors == 3
+    assert len(t.snapshot().devices["cuda:0"].recent_peaks) == 4  # the GPU's points go on
+    assert len(t.snapshot().devices["cpu"].recent_peaks) == 1
+    host.fail = False
+    t.step()
+    assert t.snapshot().steps == 5 and t.snapshot().devices["cpu"].last_baseline == host.used
+
+
 def test_window_is_bounded() -> None:
     host = ScriptedHost()
     t = tracker(host)
