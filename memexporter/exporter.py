@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -28,22 +29,29 @@ from memexporter.tracking import phases, steps
 if TYPE_CHECKING:
     from memexporter.diagnose.wiring import Diagnostics
     from memexporter.otel import OtelHandle
-    from memexporter.tracking.risk import RiskWatch
+    from memexporter.risk import RiskWatch
 
 log = logging.getLogger("memexporter")
 
 
-def identity(environ: dict[str, str] | None = None) -> Identity:
-    """Rank, local rank and world size from torchrun's variables, falling back to Slurm and Open MPI."""
+def identity(environ: dict[str, str] | None = None,
+             group: Callable[[], tuple[int, int] | None] | None = None) -> Identity:
+    """Rank, local rank and world size from torchrun's variables, falling back to Slurm and Open
+    MPI, then to torch.distributed's initialised default group (``group``), then to one process."""
     env = dict(os.environ if environ is None else environ)
 
     def first(*names: str, default: str) -> str:
         return next((env[n] for n in names if env.get(n)), default)
 
+    if group is None:
+        from memexporter.backends.torch import process_group
+
+        group = process_group
+    pg = group()
     return Identity(
-        rank=first("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", default="0"),
+        rank=first("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", default=str(pg[0]) if pg else "0"),
         local_rank=first("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default="0"),
-        world_size=first("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", default="1"),
+        world_size=first("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", default=str(pg[1]) if pg else "1"),
         hostname=socket.gethostname(),
     )
 
@@ -231,7 +239,7 @@ def _auto_track(exporter: Exporter) -> None:
 
 def watch_oom_risk(exporter: Exporter) -> None:
     """Start judging the OOM risk (tracking/risk.py) once an ``on_oom_risk`` callback exists."""
-    from memexporter.tracking import risk
+    from memexporter import risk
 
     if exporter.risk is None and risk.registered():
         exporter.risk = risk.RiskWatch(exporter.sources, callbacks=risk.registered)

@@ -23,6 +23,19 @@ import torch.cuda
 from memexporter.backends.base import ALLOCATOR_NATIVE, LogOnce
 
 
+def process_group() -> tuple[int, int] | None:
+    """``(rank, world size)`` of torch.distributed's default group once it is initialised, else
+    None. For launchers that set ``LOCAL_RANK`` but not ``RANK`` (Lightning's own DDP launcher):
+    without it every rank would export ``rank="0"``. Never initialises anything."""
+    try:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # a half-built group: the environment's answer (or 0) stands
+        pass
+    return None
+
+
 def _initialized() -> bool:
     # Untyped in torch's stubs. True once the process itself has initialised CUDA.
     return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]

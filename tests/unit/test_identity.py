@@ -1,0 +1,49 @@
+"""Who this process is: torchrun's variables, then Slurm's and Open MPI's, then torch.distributed's
+initialised group (Lightning's own DDP launcher sets LOCAL_RANK but not RANK), then one process."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+from memexporter.exporter import identity
+
+
+def test_torchrun_variables_win_over_slurm_and_the_group() -> None:
+    ident = identity({"RANK": "3", "SLURM_PROCID": "7", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}, group=lambda: (5, 6))
+    assert (ident.rank, ident.local_rank, ident.world_size) == ("3", "1", "8")
+
+
+def test_slurm_then_open_mpi() -> None:
+    assert identity({"SLURM_PROCID": "7", "SLURM_NTASKS": "16"}, group=lambda: None).rank == "7"
+    ident = identity({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}, group=lambda: None)
+    assert (ident.rank, ident.world_size) == ("2", "4")
+
+
+def test_an_initialised_group_names_the_rank_when_no_variable_does() -> None:
+    ident = identity({"LOCAL_RANK": "1"}, group=lambda: (1, 2))
+    assert (ident.rank, ident.local_rank, ident.world_size) == ("1", "1", "2")
+    assert (identity({}, group=lambda: None).rank, identity({}, group=lambda: None).world_size) == ("0", "1")
+
+
+def _rank_seen(rank: int, store: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        ident = identity({"LOCAL_RANK": str(rank)})  # as Lightning's launcher leaves it: no RANK
+        out.put((rank, ident.rank, ident.world_size))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_real_gloo_ranks_without_rank_variables_are_told_apart(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    procs = [ctx.Process(target=_rank_seen, args=(r, str(tmp_path / "store"), out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    seen = sorted(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert seen == [(0, "0", "2"), (1, "1", "2")]
