@@ -10,6 +10,10 @@ port can collide, and the process helpers fail fast with the port named when tha
 from __future__ import annotations
 
 import random
+
+# Not the global generator: a framework under test seeds it (transformers.set_seed), and xdist
+# workers seeded alike would all pick the same "random" port.
+_random = random.SystemRandom()
 import socket
 from pathlib import Path
 
@@ -38,7 +42,7 @@ def free_port_block(count: int, attempts: int = 200) -> int:
     """The first of ``count`` consecutive free ports (for ``port + LOCAL_RANK`` under torchrun)."""
     high = _ephemeral_start() - count
     for _ in range(attempts):
-        base = random.randint(_LOWEST, high) if high > _LOWEST else _LOWEST
+        base = _random.randint(_LOWEST, high) if high > _LOWEST else _LOWEST
         if all(bindable(base + i) for i in range(count)):
             return base
     raise RuntimeError(f"no block of {count} consecutive free ports found in {attempts} attempts")
