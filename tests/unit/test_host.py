@@ -153,18 +153,20 @@ def test_rss_falls_back_to_psutil_without_statm(tmp_path: Path) -> None:
 
 def test_rss_in_a_forked_child_is_the_childs() -> None:
     backend = HostBackend()
-    backend.rss()  # the parent's descriptor is open before the fork
+    parent = backend.rss()  # the parent's descriptor is open before the fork
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child grows by 128 MiB: its reading must show it, the parent's would not
+    if pid == 0:  # the child reads through the backend it inherited, after growing by 128 MiB
         try:
             block = bytearray(128 * 2**20)
-            os.write(write_end, str(backend.rss() - psutil.Process(os.getppid()).memory_info().rss).encode())
+            os.write(write_end, f"{backend.rss()} {psutil.Process().memory_info().rss}".encode())
             del block
         finally:
             os._exit(0)
     os.close(write_end)
     os.waitpid(pid, 0)
-    difference = int(os.read(read_end, 64))
+    through_backend, own = (int(v) for v in os.read(read_end, 64).split())
     os.close(read_end)
-    assert difference > 100 * 2**20, difference
+    # Its own RSS, to within a few pages. The parent's differs: the child has 128 MiB the parent
+    # has not (and a fork does not copy the page tables of shared file mappings, torch's libraries).
+    assert abs(through_backend - own) < 4 * 2**20, (through_backend, own, parent)
