@@ -18,8 +18,8 @@ __all__ = ["Exporter", "Phase", "on_oom_risk", "phase", "start", "step", "stop",
 F = TypeVar("F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
+    from memexporter.risk import OomRisk, RiskHandle
     from memexporter.tracking.modules import TrackHandle
-    from memexporter.tracking.risk import OomRisk, RiskHandle
 
 
 def start(
@@ -176,12 +176,12 @@ def on_oom_risk(fn: Callable[[OomRisk], None]) -> RiskHandle:
     The judgement is the critical alert's (``MemexporterOOMImminent`` with its default
     thresholds): the recent step peak, or an evaluation's peak, above 97% of the limit; or above
     80% with the in-process ETA under 30 minutes. It is made off the training thread once a
-    second; a scrape or a client never triggers it. ``risk`` is a ``memexporter.tracking.risk.OomRisk``
+    second; a scrape or a client never triggers it. ``risk`` is a ``memexporter.risk.OomRisk``
     (device, used/peak/limit bytes, ETA seconds, reason, phase, step). Register before or after
     ``start()``; returns a handle to ``remove()``. A callback that raises is logged and counted,
     never raised into training.
     """
-    from memexporter.tracking import risk
+    from memexporter import risk
 
     handle = risk.register(fn)
     with _exporter._lock:

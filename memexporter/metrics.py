@@ -110,7 +110,7 @@ SPECS: tuple[MetricSpec, ...] = (
     # --- Phases (collectors/phases.py): memexporter.phase() and the automatic forward/backward/optimizer.
     _g("phase_peak_bytes", "bytes", "Highest used during the last completed occurrence of the phase: the lifetime high-water mark when it rose during the phase (exact; cuda: allocated_bytes.all.peak, cpu: ru_maxrss), otherwise the highest sample taken at its boundaries and inside it (a lower bound). Peak stats are never reset.", DEVICE_PHASE, "phases", "memexporter.phase.peak"),
     _g("phase_duration_seconds", "seconds", "Wall time of the last completed occurrence of the phase.", PHASE, "phases", "memexporter.phase.duration"),
-    _c("phase_completed", "Completed occurrences of the phase (distinct phase names beyond the first 16 count as phase=\"other\").", PHASE, "phases", "memexporter.phase.completed", counts="{occurrence}"),
+    _c("phase_completed", "Completed occurrences of the phase (distinct phase names beyond the first 16 count as phase=\"other\", but eval, validation, test, predict and checkpoint keep theirs).", PHASE, "phases", "memexporter.phase.completed", counts="{occurrence}"),
     _g("phase_active", "", "1 while the phase is open (nested phases: each open one), else 0.", PHASE, "phases", "memexporter.phase.active"),
     _g("phase_last_change_timestamp_seconds", "seconds", "Unix time a phase last began or ended; absent before the first phase.", RANK, "phases", "memexporter.phase.last_change_timestamp"),
     # --- CUDA caching allocator (collectors/allocator.py), read at scrape time.

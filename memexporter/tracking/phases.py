@@ -40,7 +40,8 @@ AUTOMATIC_PHASES = ("forward", "backward", "optimizer")
 # The training step's own phases: the automatic ones and the callbacks' "train" (one step).
 TRAINING_PHASES = frozenset({"train", *AUTOMATIC_PHASES})
 MAX_PHASES = 16
-"""Distinct phase names exported per process; later names are counted as ``OTHER``."""
+"""Distinct phase names exported per process; later names are counted as ``OTHER`` (except the
+out-of-step names, which always keep theirs: at most 21 names)."""
 OTHER = "other"
 
 
@@ -105,25 +106,38 @@ class PhaseTracker:
         return self._steps.last
 
     def _label(self, name: str) -> str:
-        if name not in self._stats and len(self._stats) >= MAX_PHASES:
+        # The out-of-step names are never folded: the step peak leaves them out, so the OOM
+        # judgement (rules, on_oom_risk) must find them by name.
+        if name not in self._stats and len(self._stats) >= MAX_PHASES and name not in OUT_OF_STEP_PHASES:
             name = OTHER
         self._stats.setdefault(name, PhaseStats())
         return name
 
     def enter(self, name: str, readings: Readings | None = None) -> _Open | None:
         """Open an occurrence of ``name`` (``readings``: taken now, else read here)."""
+        separate = name in OUT_OF_STEP_PHASES
+        if separate:
+            # Hold the step peak before the entering reading: memory still alive from a phase
+            # that just ended (an evaluation right before a checkpoint) is not the step's.
+            with self._lock:
+                self._out_of_step += 1
+                first = self._out_of_step == 1
+            if first:
+                self._steps.hold()
         readings = self.sample() if readings is None else readings
-        if readings is None:
-            return None
         with self._lock:
-            token = _Open(self._label(name), self._clock(), dict(readings), name in OUT_OF_STEP_PHASES)
-            self._open.append(token)
-            self._stats[token.name].active += 1
-            self.last_change = self._wall()
-            self._out_of_step += token.separate
-            first = token.separate and self._out_of_step == 1
-        if first:
-            self._steps.hold()
+            if readings is None:  # no reading at all: nothing opens, and nothing stays held
+                self._out_of_step -= separate
+                last = separate and self._out_of_step == 0
+            else:
+                token = _Open(self._label(name), self._clock(), dict(readings), separate)
+                self._open.append(token)
+                self._stats[token.name].active += 1
+                self.last_change = self._wall()
+        if readings is None:
+            if last:
+                self._steps.release(self._steps.last or {})
+            return None
         return token
 
     def exit(self, token: _Open, readings: Readings | None = None) -> None:
@@ -201,7 +215,7 @@ def forward_begin() -> None:
     which a cache-cold training loop pays 10-20 us for on CPU: the automatic phases add none."""
     tracker = active()
     if tracker is not None:
-        _switch(("backward",), "forward", tracker.latest())
+        _switch(("backward",), "forward", tracker.latest() or tracker.sample())  # none yet: the first forward
 
 
 def forward_end(grad: bool) -> None:

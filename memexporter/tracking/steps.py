@@ -155,12 +155,12 @@ class StepTracker:
 
     def step(self, count: int | None = None) -> Readings | None:
         """Mark a step boundary: append ``(step, t, baseline, peak)`` per device. ``count``: the
-        step number to take (a trainer's global step), if ahead of ours; else one more."""
+        step number to take (a trainer's global step) unless it is behind ours; else one more."""
         try:
             now = self._clock()
             readings = self.last = self._read(refresh=True)
             with self._lock:
-                self.steps = count if count is not None and count > self.steps else self.steps + 1
+                self.steps = count if count is not None and count >= self.steps else self.steps + 1
                 self._times.append(now)
                 self._last_wall = self._wall()
                 if self._held is not None:  # a boundary inside an out-of-step phase starts a new step

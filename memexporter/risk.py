@@ -1,5 +1,8 @@
 """``memexporter.on_oom_risk(fn)``: act before the OOM, on the training thread.
 
+It reads the scrape side (the OOM view) and runs on the training side: it sits between them,
+beside ``scrape.py``, not under ``tracking/`` (which never imports the scrape side).
+
 The judgement is the critical alert's (``MemexporterOOMImminent``, with its default thresholds from
 ``rules/params.py``): the recent step peak, or the last out-of-step phase's peak (an evaluation),
 fills more than ``full_utilisation`` of the limit ("headroom"); or it fills more than
@@ -93,6 +96,7 @@ class RiskWatch:
         self._sources, self._thresholds, self._callbacks = sources, thresholds, callbacks
         self._risk: OomRisk | None = None  # set by the judge, read at the next boundary
         self._fired = False  # the callbacks ran in this episode
+        self._lock = threading.Lock()  # the judge's verdict against the boundary's firing
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="memexporter-oom-risk", daemon=True)
         if sources.steps is not None:
@@ -101,23 +105,27 @@ class RiskWatch:
 
     def _loop(self) -> None:
         while not self._stop.wait(CHECK_INTERVAL_S):
-            if not self._callbacks():
-                continue
-            try:
-                risk = judge(self._sources, self._thresholds)
-            except Exception:
-                count_failure("OOM-risk judgement")
-                continue
-            self._risk = risk
-            if risk is None:
-                self._fired = False  # the episode is over: the next risk calls again
+            risk = None
+            if self._callbacks():  # with none registered, nothing is judged (and no episode runs)
+                try:
+                    risk = judge(self._sources, self._thresholds)
+                except Exception:
+                    count_failure("OOM-risk judgement")
+                    continue
+            with self._lock:
+                self._risk = risk
+                if risk is None:
+                    self._fired = False  # the episode is over: the next risk calls again
 
     def at_boundary(self, step: int) -> None:
         """On the training thread, after a step boundary: run the callbacks once per episode."""
-        risk = self._risk
-        if risk is None or self._fired:
+        if self._risk is None or self._fired:  # the usual case, without the lock
             return
-        self._fired = True
+        with self._lock:
+            risk, fire = self._risk, self._risk is not None and not self._fired
+            self._fired = self._fired or fire
+        if not fire or risk is None:
+            return
         log.warning("memexporter: OOM risk on %s (%s: peak %.0f MiB of %.0f MiB, ETA %s): running %d on_oom_risk "
                     "callback(s)", risk.device, risk.reason, risk.peak_bytes / 2**20, risk.limit_bytes / 2**20,
                     "none" if math.isinf(risk.eta_seconds) else f"{risk.eta_seconds:.0f} s", len(self._callbacks()))
