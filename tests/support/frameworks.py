@@ -135,3 +135,39 @@ def check_common(got: Scrape, hook_errors_before: int) -> None:
     assert not wrapped, f"wrapper path parts in row names: {sorted(wrapped)}"
     for family in FAMILIES:
         assert got.rows[family], f"no memexporter_module_{family}_bytes rows"
+
+
+# --- Callback tests (tests/integration/frameworks/test_callbacks.py): any sample by name and labels.
+
+
+@dataclass
+class Samples:
+    """Every sample of one ``/metrics`` read, by sample name (counters with their ``_total``)."""
+
+    by_name: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+
+    def get(self, name: str, **labels: str) -> float | None:
+        """The one sample of ``name`` whose labels include ``labels``; None when there is none."""
+        hits = [v for got, v in self.by_name.get(name, []) if all(got.get(k) == x for k, x in labels.items())]
+        assert len(hits) <= 1, f"{len(hits)} samples of {name} match {labels}: {self.by_name[name]}"
+        return hits[0] if hits else None
+
+    def need(self, name: str, **labels: str) -> float:
+        value = self.get(name, **labels)
+        assert value is not None, f"no sample {name}{labels}; has {sorted(self.by_name)}"
+        return value
+
+
+def parse_samples(text: str) -> Samples:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = Samples()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.by_name.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+def read_samples(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return parse_samples(resp.read().decode())
