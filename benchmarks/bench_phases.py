@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import memexporter
 from benchmarks.bench_overhead import GPT
-from memexporter.tracking import phases, steps
+from memexporter.tracking import boundaries, phases
 
 ARMS = ("plain", "shipped", "shipped+user")
 
@@ -64,7 +64,7 @@ def main() -> None:
 
     def arm(name: str) -> None:
         """Switch the process to ``name``'s set-up (outside the timed block)."""
-        steps.activate(None if name == "plain" else step_tracker, auto_step=True)
+        boundaries.activate(None if name == "plain" else step_tracker, auto_step=True)
         phases.activate(None if name == "plain" else phase_tracker)
 
     def one_step(i: int, user: bool) -> None:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from memexporter import exporter as _exporter
 from memexporter.exporter import Exporter
 from memexporter.torchcheck import require_torch
+from memexporter.tracking import boundaries as _boundaries
 from memexporter.tracking import phases as _phases
-from memexporter.tracking import steps as _steps
 
 __all__ = ["Exporter", "Phase", "on_oom_risk", "phase", "start", "step", "stop", "track"]
 
@@ -95,7 +95,7 @@ def step(count: int | None = None) -> None:
     step number (a trainer's global step): ``memexporter_steps_total`` takes it when it is ahead
     (it never goes back). Cheap; never raises.
     """
-    _steps.step(count)
+    _boundaries.step(count)
 
 
 class Phase:

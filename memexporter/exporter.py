@@ -24,7 +24,7 @@ from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.scrape import Identity, Sources
 from memexporter.server import Route, Server, serve
 from memexporter.serving.conn import ConnectionStats
-from memexporter.tracking import phases, steps
+from memexporter.tracking import boundaries, phases, steps
 
 if TYPE_CHECKING:
     from memexporter.diagnose.wiring import Diagnostics
@@ -102,7 +102,7 @@ class Exporter:
                 self._server = None
             if _running is self:
                 _running = None
-                steps.activate(None, auto_step=False)
+                boundaries.activate(None, auto_step=False)
                 phases.activate(None)
 
     def __enter__(self) -> Exporter:
@@ -205,7 +205,7 @@ def _start_locked(config: Config, meter_provider: Any = None, port_hint: str = "
     except Exception:  # strict=True and OTLP push cannot be set up: free the port before raising
         exporter.stop()
         raise
-    steps.activate(tracker, auto_step=config.auto_step)
+    boundaries.activate(tracker, auto_step=config.auto_step)
     phases.activate(phase_tracker)
     watch_oom_risk(exporter)
     if config.auto_track:
@@ -295,7 +295,7 @@ def _after_fork_in_child() -> None:
     r = _running
     if r is not None and r._server is not None:
         r._server.close_in_child()
-    steps.activate(None, auto_step=False)
+    boundaries.activate(None, auto_step=False)
     phases.activate(None)
 
 

@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import resource
 import statistics
 import sys
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from memexporter.backends.base import CudaSource, HostSource, cuda_label
-from memexporter.tracking import phases
 from memexporter.trend import TrendPoints, TrendWindow
 
 log = logging.getLogger("memexporter")
@@ -223,101 +220,3 @@ class StepTracker:
         self.errors += 1
         if self.errors == 1:
             log.exception("memexporter: step tracking failed; counting further failures silently")
-
-
-# --- Process-wide wiring: the global optimizer hook and memexporter.step(). -----------------------
-
-_active: StepTracker | None = None
-_owner_pid = os.getpid()
-_manual = False
-_auto = False
-_primary: weakref.ref[Any] | None = None
-_hooks_installed = False
-# id() of the optimizer whose pre-step hook ran last and whose post-step hook has not counted yet.
-# A subclass whose step() calls super().step() runs torch's hook wrapper twice (both classes' step
-# are wrapped): pre, pre, post, post. Only the first post after a pre counts; the outer call's
-# post finds nothing pending. A step() that raised leaves its pre pending, which the next pre
-# overwrites, so nothing stays stuck.
-_pending: int | None = None
-
-
-def activate(tracker: StepTracker | None, auto_step: bool) -> None:
-    """Make ``tracker`` the process's tracker (``None``: none) and install the global hooks once.
-
-    The global optimizer hooks are registered on first use and never removed: ``Optimizer.step``
-    iterates torch's global hook dicts live, so adding or removing one from another thread (a
-    ``stop()`` from a timer, say) can raise "OrderedDict mutated during iteration" into training.
-    With no tracker the hooks return at once.
-    """
-    global _active, _owner_pid, _primary, _manual, _auto, _hooks_installed, _pending
-    _active, _owner_pid, _primary, _auto, _pending = tracker, os.getpid(), None, auto_step, None
-    if tracker is None:
-        _manual = False  # a stopped exporter forgets the manual mode with everything else
-    elif not _hooks_installed:
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-        register_optimizer_step_pre_hook(_on_pre_step)
-        register_optimizer_step_post_hook(_on_post_step)
-        _hooks_installed = True
-
-
-def _tracker() -> StepTracker | None:
-    # In a forked child (a DataLoader worker) the parent's tracker must do nothing.
-    return _active if os.getpid() == _owner_pid else None
-
-
-def _is_primary(optimizer: object) -> bool:
-    # With several optimizers (a GAN, a teacher and a student) one iteration calls several
-    # step()s. The first optimizer seen stepping defines the boundary; others only sample.
-    global _primary
-    current = _primary() if _primary is not None else None
-    if current is None:
-        try:
-            _primary = weakref.ref(optimizer)
-        except TypeError:
-            return True
-        return True
-    return current is optimizer
-
-
-def _on_pre_step(optimizer: object, args: object, kwargs: object) -> None:
-    global _pending
-    _pending = id(optimizer)
-    tracker = _tracker()
-    if tracker is not None:
-        # Gradients are alive here: often close to the step's peak. The same reading ends the
-        # backward phase and opens the optimizer's.
-        phases.optimizer_begin(tracker.sample())
-
-
-def _on_post_step(optimizer: object, args: object, kwargs: object) -> None:
-    global _pending
-    if _pending != id(optimizer):
-        return  # the outer call of a nested step(): its inner call counted this step
-    _pending = None
-    tracker = _tracker()
-    if tracker is None:
-        return
-    try:
-        primary = _is_primary(optimizer)
-    except Exception:
-        primary = True
-    boundary = primary and _auto and not _manual
-    phases.optimizer_end(tracker.step() if boundary else tracker.sample())
-
-
-def step(count: int | None = None) -> None:
-    """Mark a step boundary by hand (``count``: a trainer's global step). From the first call
-    on, optimizer steps no longer count."""
-    global _manual
-    _manual = True
-    tracker = _tracker()
-    if tracker is not None:
-        tracker.step(count)
-
-
-def sample() -> None:
-    """Record an intra-step sample. Never raises."""
-    tracker = _tracker()
-    if tracker is not None:
-        tracker.sample()

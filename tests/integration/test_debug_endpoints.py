@@ -19,7 +19,7 @@ from torch import nn
 
 import memexporter
 from memexporter.server import router
-from memexporter.tracking import steps
+from memexporter.tracking import boundaries
 from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_around")]
@@ -137,7 +137,7 @@ def test_memory_answers_while_the_training_loop_is_stuck() -> None:
 
     assert exp.sources.steps is not None
     exp.sources.steps.add_boundary_callback(stuck_in_the_step)
-    stuck = threading.Thread(target=steps.step, daemon=True)
+    stuck = threading.Thread(target=boundaries.step, daemon=True)
     stuck.start()
     try:
         assert entered.wait(30)
@@ -173,7 +173,7 @@ def test_memory_answers_from_the_last_census_while_the_next_one_hangs(monkeypatc
         return real_take(step, previous)
 
     monkeypatch.setattr(census, "take", hanging_take)
-    stuck = threading.Thread(target=steps.step, daemon=True)
+    stuck = threading.Thread(target=boundaries.step, daemon=True)
     stuck.start()
     try:
         assert entered.wait(30)

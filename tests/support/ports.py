@@ -10,12 +10,12 @@ port can collide, and the process helpers fail fast with the port named when tha
 from __future__ import annotations
 
 import random
+import socket
+from pathlib import Path
 
 # Not the global generator: a framework under test seeds it (transformers.set_seed), and xdist
 # workers seeded alike would all pick the same "random" port.
 _random = random.SystemRandom()
-import socket
-from pathlib import Path
 
 _LOWEST = 10000
 

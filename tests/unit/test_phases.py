@@ -23,7 +23,7 @@ from torch import nn
 import memexporter
 from memexporter.backends.host import HostSample
 from memexporter.exporter import running
-from memexporter.tracking import phases, steps
+from memexporter.tracking import boundaries, phases
 from memexporter.tracking.phases import MAX_PHASES, OTHER, OUT_OF_STEP_PHASES, PhaseStats, PhaseTracker
 from memexporter.tracking.steps import StepTracker
 from tests.support.binaries import require
@@ -101,10 +101,10 @@ def rig() -> Iterator[Rig]:
     """Trackers made active as the exporter does, so ``memexporter.phase``/``step`` reach them."""
     memexporter.stop()
     r = make_rig()
-    steps.activate(r.steps, auto_step=True)
+    boundaries.activate(r.steps, auto_step=True)
     phases.activate(r.phases)
     yield r
-    steps.activate(None, auto_step=False)
+    boundaries.activate(None, auto_step=False)
     phases.activate(None)
 
 
@@ -131,7 +131,7 @@ def test_flat_mark_peak_is_the_highest_sample(rig: Rig) -> None:
     rig.host.hwm = 900 * MiB  # an old mark: it says nothing about the phase
     with memexporter.phase("data"):
         rig.host.set(250 * MiB)
-        steps.sample()  # e.g. the end of a tracked forward
+        boundaries.sample()  # e.g. the end of a tracked forward
         rig.host.set(120 * MiB)
     assert rig.stats("data").peaks == {"cpu": 250 * MiB}
     with memexporter.phase("data"):  # no sample inside: the boundaries bound it
@@ -150,7 +150,7 @@ def test_flat_mark_boundaries_count(rig: Rig, start: int, inside: int, end: int,
     rig.host.set(start * MiB)
     with memexporter.phase("data"):
         rig.host.set(inside * MiB)
-        steps.sample()
+        boundaries.sample()
         rig.host.set(end * MiB)
     assert rig.stats("data").peaks["cpu"] == expected * MiB
 
@@ -177,7 +177,7 @@ def test_a_peak_reset_inside_the_phase_counts_the_mark_since_the_reset(rig: Rig)
     rig.host.hwm = 900 * MiB
     with memexporter.phase("data"):
         rig.host.set(260 * MiB)
-        steps.sample()  # sampled before the reset: above the mark since the reset
+        boundaries.sample()  # sampled before the reset: above the mark since the reset
         rig.host.set(100 * MiB)
         rig.host.reset_peak()
         rig.host.set(200 * MiB)
@@ -201,7 +201,7 @@ def _train_steps(rig: Rig, excursions: list[int], base: int = 100) -> list[float
     peaks = []
     for excursion in excursions:
         rig.host.set((base + excursion) * MiB)
-        steps.sample()
+        boundaries.sample()
         rig.host.set(base * MiB)
         peaks.append(rig.step())
     return peaks
@@ -216,9 +216,9 @@ def test_an_evaluation_above_everything_leaves_the_step_peaks_alone(rig: Rig, na
 
     with memexporter.phase(name):  # 64 MiB above every step: a new lifetime mark
         rig.host.set(150 * MiB)
-        steps.sample()
+        boundaries.sample()
         rig.host.set((150 + 64) * MiB)
-        steps.sample()  # sampled too (an evaluation forward's end): still not the step's
+        boundaries.sample()  # sampled too (an evaluation forward's end): still not the step's
         rig.host.set(100 * MiB)
     assert rig.host.hwm == 214 * MiB
 
@@ -236,7 +236,7 @@ def test_a_phase_that_is_part_of_the_step_keeps_its_memory_in_the_step_peak(rig:
     _train_steps(rig, [30, 40, 50, 50, 50])
     with memexporter.phase("data"):
         rig.host.set((150 + 64) * MiB)
-        steps.sample()
+        boundaries.sample()
         rig.host.set(100 * MiB)
     after = _train_steps(rig, [50])
     assert after == [214 * MiB]  # the data loading is the step's: its peak is the step's
@@ -269,13 +269,13 @@ def test_the_steps_own_samples_before_a_nested_evaluation_are_kept(rig: Rig) -> 
     rig.host.set(100 * MiB)
     rig.step()
     rig.host.set(150 * MiB)
-    steps.sample()  # this step's forward ended at 150 MiB; then it evaluates, mid-step
+    boundaries.sample()  # this step's forward ended at 150 MiB; then it evaluates, mid-step
     rig.host.set(100 * MiB)
     with memexporter.phase("eval"):
         with memexporter.phase("checkpoint"):
-            steps.sample()
+            boundaries.sample()
         rig.host.set(300 * MiB)
-        steps.sample()  # after the checkpoint, still inside the evaluation
+        boundaries.sample()  # after the checkpoint, still inside the evaluation
         rig.host.set(100 * MiB)
     assert rig.step() == 150 * MiB  # the step's own 150, not the evaluation's 300 (nor only its boundaries' 100)
     assert rig.stats("eval").peaks["cpu"] == 300 * MiB

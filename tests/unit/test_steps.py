@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import memexporter
-from memexporter.tracking import phases, steps
+from memexporter.tracking import boundaries, phases
 from memexporter.tracking.modules import track
 from memexporter.tracking.steps import StepTracker
 from tests.unit.fakes import FakeCuda, FakeHost, MiB
@@ -116,9 +116,9 @@ def test_window_is_bounded() -> None:
 @pytest.fixture
 def active() -> Iterator[StepTracker]:
     t = tracker(ScriptedHost())
-    steps.activate(t, auto_step=True)
+    boundaries.activate(t, auto_step=True)
     yield t
-    steps.activate(None, auto_step=False)
+    boundaries.activate(None, auto_step=False)
 
 
 def _train(opt: torch.optim.Optimizer, model: torch.nn.Module) -> None:
@@ -185,8 +185,8 @@ def test_manual_step_turns_off_detection(active: StepTracker) -> None:
 
 def test_a_deactivated_tracker_counts_nothing() -> None:
     t = tracker(ScriptedHost())
-    steps.activate(t, auto_step=True)
-    steps.activate(None, auto_step=False)
+    boundaries.activate(t, auto_step=True)
+    boundaries.activate(None, auto_step=False)
     model = torch.nn.Linear(8, 8)
     _train(torch.optim.SGD(model.parameters(), lr=0.1), model)
     assert t.steps == 0
@@ -230,18 +230,18 @@ def test_stop_and_start_in_the_middle_of_an_optimizer_step_never_raise_into_it()
     # window reliably; a user's own global hooks run exactly inside it.
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    steps.activate(tracker(ScriptedHost()), auto_step=True)  # our hooks are installed by now
+    boundaries.activate(tracker(ScriptedHost()), auto_step=True)  # our hooks are installed by now
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    stops = register_optimizer_step_pre_hook(lambda *a: steps.activate(None, auto_step=False))
-    starts = register_optimizer_step_post_hook(lambda *a: steps.activate(tracker(ScriptedHost()), auto_step=True))
+    stops = register_optimizer_step_pre_hook(lambda *a: boundaries.activate(None, auto_step=False))
+    starts = register_optimizer_step_post_hook(lambda *a: boundaries.activate(tracker(ScriptedHost()), auto_step=True))
     try:
         for _ in range(3):
             _train(opt, model)
     finally:
         stops.remove()
         starts.remove()
-        steps.activate(None, auto_step=False)
+        boundaries.activate(None, auto_step=False)
 
 
 @pytest.fixture
@@ -250,10 +250,10 @@ def flat_mark() -> Iterator[tuple[StepTracker, ScriptedHost]]:
     With its phase tracker, as the exporter wires them (the forward hooks reach it through that)."""
     host = ScriptedHost(hwm=500 * MiB)
     t = tracker(host)
-    steps.activate(t, auto_step=True)
+    boundaries.activate(t, auto_step=True)
     phases.activate(phases.PhaseTracker(t))
     yield t, host
-    steps.activate(None, auto_step=False)
+    boundaries.activate(None, auto_step=False)
     phases.activate(None)
 
 
@@ -295,16 +295,16 @@ def test_a_stopped_exporter_forgets_the_manual_mode() -> None:
     # A new start() after stop() detects optimizer steps again, whatever the last run did.
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    steps.activate(tracker(ScriptedHost()), auto_step=True)
+    boundaries.activate(tracker(ScriptedHost()), auto_step=True)
     memexporter.step()  # manual mode on
-    steps.activate(None, auto_step=False)
+    boundaries.activate(None, auto_step=False)
     fresh = tracker(ScriptedHost())
-    steps.activate(fresh, auto_step=True)
+    boundaries.activate(fresh, auto_step=True)
     try:
         _train(opt, model)
         assert fresh.steps == 1
     finally:
-        steps.activate(None, auto_step=False)
+        boundaries.activate(None, auto_step=False)
 
 
 def test_a_second_optimizers_step_end_is_a_peak_sample(flat_mark: tuple[StepTracker, ScriptedHost]) -> None:

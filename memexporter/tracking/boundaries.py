@@ -1,0 +1,111 @@
+"""Step boundaries, process-wide: PyTorch's global optimizer hooks and ``memexporter.step()``.
+
+The exporter hands its ``StepTracker`` (steps.py) to ``activate``. Each ``optimizer.step()`` then
+marks a boundary (its pre-hook samples the step peak, with the gradients alive), or
+``memexporter.step()`` does from its first call on; the same readings open and close the automatic
+``optimizer`` phase (phases.py). In a forked child (a DataLoader worker) nothing here does anything.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+from memexporter.tracking import phases
+from memexporter.tracking.steps import StepTracker
+
+_active: StepTracker | None = None
+_owner_pid = os.getpid()
+_manual = False
+_auto = False
+_primary: weakref.ref[Any] | None = None
+_hooks_installed = False
+# id() of the optimizer whose pre-step hook ran last and whose post-step hook has not counted yet.
+# A subclass whose step() calls super().step() runs torch's hook wrapper twice (both classes' step
+# are wrapped): pre, pre, post, post. Only the first post after a pre counts; the outer call's
+# post finds nothing pending. A step() that raised leaves its pre pending, which the next pre
+# overwrites, so nothing stays stuck.
+_pending: int | None = None
+
+
+def activate(tracker: StepTracker | None, auto_step: bool) -> None:
+    """Make ``tracker`` the process's tracker (``None``: none) and install the global hooks once.
+
+    The global optimizer hooks are registered on first use and never removed: ``Optimizer.step``
+    iterates torch's global hook dicts live, so adding or removing one from another thread (a
+    ``stop()`` from a timer, say) can raise "OrderedDict mutated during iteration" into training.
+    With no tracker the hooks return at once.
+    """
+    global _active, _owner_pid, _primary, _manual, _auto, _hooks_installed, _pending
+    _active, _owner_pid, _primary, _auto, _pending = tracker, os.getpid(), None, auto_step, None
+    if tracker is None:
+        _manual = False  # a stopped exporter forgets the manual mode with everything else
+    elif not _hooks_installed:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(_on_pre_step)
+        register_optimizer_step_post_hook(_on_post_step)
+        _hooks_installed = True
+
+
+def _tracker() -> StepTracker | None:
+    # In a forked child (a DataLoader worker) the parent's tracker must do nothing.
+    return _active if os.getpid() == _owner_pid else None
+
+
+def _is_primary(optimizer: object) -> bool:
+    # With several optimizers (a GAN, a teacher and a student) one iteration calls several
+    # step()s. The first optimizer seen stepping defines the boundary; others only sample.
+    global _primary
+    current = _primary() if _primary is not None else None
+    if current is None:
+        try:
+            _primary = weakref.ref(optimizer)
+        except TypeError:
+            return True
+        return True
+    return current is optimizer
+
+
+def _on_pre_step(optimizer: object, args: object, kwargs: object) -> None:
+    global _pending
+    _pending = id(optimizer)
+    tracker = _tracker()
+    if tracker is not None:
+        # Gradients are alive here: often close to the step's peak. The same reading ends the
+        # backward phase and opens the optimizer's.
+        phases.optimizer_begin(tracker.sample())
+
+
+def _on_post_step(optimizer: object, args: object, kwargs: object) -> None:
+    global _pending
+    if _pending != id(optimizer):
+        return  # the outer call of a nested step(): its inner call counted this step
+    _pending = None
+    tracker = _tracker()
+    if tracker is None:
+        return
+    try:
+        primary = _is_primary(optimizer)
+    except Exception:
+        primary = True
+    boundary = primary and _auto and not _manual
+    phases.optimizer_end(tracker.step() if boundary else tracker.sample())
+
+
+def step(count: int | None = None) -> None:
+    """Mark a step boundary by hand (``count``: a trainer's global step). From the first call
+    on, optimizer steps no longer count."""
+    global _manual
+    _manual = True
+    tracker = _tracker()
+    if tracker is not None:
+        tracker.step(count)
+
+
+def sample() -> None:
+    """Record an intra-step sample. Never raises."""
+    tracker = _tracker()
+    if tracker is not None:
+        tracker.sample()
