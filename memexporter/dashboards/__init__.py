@@ -1,6 +1,7 @@
 """The Grafana dashboards, generated: ``python -m memexporter.dashboards [--check]``.
 
 - ``panels``: the panel tables of each dashboard (title, type, unit, description, queries);
+- ``annotations``: the Overview's annotation queries (firing alerts, a probable fatal OOM, out-of-step phases);
 - ``grafana``: their rendering into Grafana's classic JSON model (layout, variables, annotations);
 - ``cli``: writes ``grafana/dashboards/*.json``; ``--check`` exits 1 when the committed files drift;
 - ``export``: ``memexporter dashboards``, the same JSON from an installed package, or as ConfigMaps.

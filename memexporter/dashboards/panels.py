@@ -6,7 +6,8 @@ Every query filters ``job``, ``instance`` and ``rank`` through the dashboard var
 
 from __future__ import annotations
 
-from memexporter.dashboards.grafana import DS, JSON, Panel, dashboard
+from memexporter.dashboards.annotations import alerts_annotation, fatal_oom_annotation, phases_annotation
+from memexporter.dashboards.grafana import JSON, Panel, dashboard
 from memexporter.rules.params import PEER_LABELS
 
 SEL = 'job=~"$job", instance=~"$instance", rank=~"$rank"'
@@ -84,6 +85,20 @@ def _overview() -> list[Panel]:
         Panel("Collector success", "timeseries", "bool_yes_no",
               "Is every collector working? 0 means the collector raised and its series were dropped.",
               ((f"min by (collector) ({m('collector_success')})", "{{collector}}"),), w=8),
+        Panel("Peak per phase", "timeseries", "bytes",
+              "Which phase of the run needs the most memory? The peak of the last completed occurrence of each "
+              "phase (forward, backward and optimizer of a tracked model, and memexporter.phase() names such as "
+              "eval or checkpoint), per rank and device, against the limit. Out-of-step phases (eval, validation, "
+              "test, predict, checkpoint) are kept out of the step peak.",
+              ((f"max by (rank, device, phase) ({m('phase_peak_bytes')})", "{{phase}} r{{rank}} {{device}}"),
+               (m("memory_limit_bytes"), "limit r{{rank}} {{device}}")), w=16),
+        Panel("Time since last step", "stat", "s",
+              "Is the run still making progress? Seconds since the last step boundary, beside the run's own "
+              "median step (the last 32 steps). MemexporterTrainingStalled pages when it stays above 10 times "
+              "the median step (at least 15 minutes), or 10 times the last duration of an evaluation open on a rank "
+              "of the run.",
+              ((f"time() - {m('last_step_timestamp_seconds')}", "since last step r{{rank}}"),
+               (m("step_interval_seconds"), "median step r{{rank}}")), w=8, instant=True),
     ]
 
 
@@ -164,26 +179,6 @@ def _ranks() -> list[Panel]:
     ]
 
 
-FATAL_OOM = "MemexporterFatalOOMSuspected"
-
-
-def _alert_annotation() -> JSON:
-    return {"datasource": DS, "enable": True, "iconColor": "red", "name": "memexporter alerts", "step": "30s",
-            "expr": f'ALERTS{{alertname=~"Memexporter.*", alertname!="{FATAL_OOM}", alertstate="firing", job=~"$job"}}',
-            "titleFormat": "{{alertname}}", "textFormat": "{{severity}}: rank {{rank}} on {{instance}}",
-            "tagKeys": "severity,rank", "useValueForTime": False}
-
-
-def _fatal_oom_annotation() -> JSON:
-    """One mark where a target vanished near its limit: ALERTS_FOR_STATE holds the Unix time (s) the
-    alert went pending, the first evaluation after the series stopped; Grafana wants milliseconds."""
-    return {"datasource": DS, "enable": True, "iconColor": "dark-red", "name": "probable fatal OOM", "step": "30s",
-            "expr": f'ALERTS_FOR_STATE{{alertname="{FATAL_OOM}", job=~"$job"}} * 1000',
-            "titleFormat": "probably died of an OOM",
-            "textFormat": "rank {{rank}} on {{instance}} ({{device}}) stopped right after a step peak near its limit",
-            "tagKeys": "rank,device", "useValueForTime": True}
-
-
 def build() -> dict[str, JSON]:
     """``{filename: dashboard JSON}`` for every dashboard."""
     topk = {"name": "topk", "label": "Top K", "type": "custom", "query": "5,10,20", "hide": 0, "multi": False,
@@ -191,7 +186,8 @@ def build() -> dict[str, JSON]:
             "options": [{"selected": v == "10", "text": v, "value": v} for v in ("5", "10", "20")]}
     return {
         "memexporter-overview.json": dashboard("memexporter-overview", "Overview", _overview(),
-                                               annotations=[_alert_annotation(), _fatal_oom_annotation()]),
+                                               annotations=[alerts_annotation(), fatal_oom_annotation(),
+                                                            phases_annotation(SEL)]),
         "memexporter-modules.json": dashboard("memexporter-modules", "Modules", _modules(), [topk]),
         "memexporter-ranks.json": dashboard("memexporter-ranks", "Ranks", _ranks()),
     }

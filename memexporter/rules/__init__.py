@@ -2,7 +2,9 @@
 
 - ``params``: ``RulesConfig`` (selector, windows, horizons, thresholds, ``for:``), the presets, and
   the checks on their values;
-- ``template``: every rule, as ``%``-format text over those parameters;
+- ``template``: every rule, as ``%``-format text over those parameters (``rule``: one rule, and
+  the annotation text that queries a series; ``phases``: the out-of-step phases' level and the
+  stalled-run alert);
 - ``rendering``: the YAML that Prometheus loads (``alerts/memexporter.rules.yml`` is ``render()``);
 - ``cli``: ``memexporter rules`` (also ``python -m memexporter.rules``).
 """

@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--selector", help="PromQL label matchers for every series, comma-separated, values "
                         f"quoted: e.g. 'job=\"trainer\"' or 'namespace=\"ml\",job=~\"trainer-.*\"' "
                         f"(default: {default_selector})")
-    parser.add_argument("--critical-severity", choices=SEVERITIES, help="severity of MemexporterOOMImminent "
-                        "(warning: never page)")
+    parser.add_argument("--critical-severity", choices=SEVERITIES, help="severity of the alerts that page, "
+                        "MemexporterOOMImminent and MemexporterTrainingStalled (warning: never page)")
     parser.add_argument("--peer-labels", metavar="LABELS",
                         help="comma-separated labels that name one training run; MemexporterRankImbalance "
                         "compares the ranks that share them, and a label a series lacks counts as empty "

@@ -58,6 +58,11 @@ class RulesConfig:
     collector_window: int = 600
     collector_min_success: float = 0.9
     collector_for: int = 600
+    # A stalled run: no step for longer than its own rhythm allows, while its process is scraped.
+    stalled_factor: float = 10.0  # times the median step interval (or an open out-of-step phase's last duration)
+    stalled_floor: int = 900  # never less: a GC pause, a slow batch or an unmarked save is not a stall
+    stalled_phase_floor: int = 3600  # an out-of-step phase with no completed occurrence yet (a first evaluation)
+    stalled_for: int = 300
 
     @classmethod
     def default(cls) -> RulesConfig:
@@ -71,7 +76,8 @@ class RulesConfig:
         return cls(level_window=30, trend_window=120, predicted_horizon=600, predicted_for=30,
                    imminent_horizon=120, imminent_for=30, leak_for=30, thrashing_window=60,
                    thrashing_for=30, oom_window=60, lost_window=60, lost_for=10, fragmentation_window=60,
-                   fragmentation_for=60, imbalance_for=60, collector_window=60, collector_for=60)
+                   fragmentation_for=60, imbalance_for=60, collector_window=60, collector_for=60,
+                   stalled_floor=60, stalled_phase_floor=120, stalled_for=30)
 
 
 PRESETS: Mapping[str, RulesConfig] = {"default": RulesConfig.default(), "demo": RulesConfig.demo()}
@@ -106,3 +112,5 @@ def check(c: RulesConfig) -> None:
     if c.critical_severity not in SEVERITIES:
         raise ValueError(f"memexporter: critical_severity must be one of {SEVERITIES}, got {c.critical_severity!r}")
     parse_peer_labels(c.peer_labels)
+    if not c.stalled_factor > 0:
+        raise ValueError(f"memexporter: stalled_factor must be a positive number, got {c.stalled_factor!r}")

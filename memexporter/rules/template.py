@@ -8,6 +8,12 @@ slope of the baseline) and a Prometheus-side one from the medians of the step pe
 halves of the trend window (robust to spikes, and it sees a peak that grows while the baseline
 stays flat). The Prometheus side only counts after a full trend window of uninterrupted steps.
 
+Phases (``memexporter.phase()``, and forward/backward/optimizer of a tracked model): the exporter
+keeps out-of-step phases (``OUT_OF_STEP_PHASES``: evaluation, checkpoint...) out of the step peak,
+so the forecast reads training alone and those phases get their own headroom gate. The
+stalled-run alert judges a run by its own step rhythm, and an open out-of-step phase by its own last
+duration. Their rules are in ``phases.py``.
+
 Expressions and annotations are ``%``-format strings over ``params()``: every knob (durations as
 ``5m``, and as seconds under ``<name>_s``) plus the shared snippets defined there.
 """
@@ -15,40 +21,17 @@ Expressions and annotations are ``%``-format strings over ``params()``: every kn
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from memexporter.rules.params import RulesConfig, duration, parse_peer_labels
+from memexporter.rules.phases import PHASE_UTIL, phase_params, phase_recording, stalled_alert
+from memexporter.rules.rule import Rule, query
+
+__all__ = ["Rule", "alerts", "params", "query", "recording"]
 
 _PEAK = "rank_device:memexporter_memory_peak_bytes"
 _UTIL = "rank_device:memexporter_memory_peak_utilisation:ratio"
 _EXCESS = "rank_device:memexporter_memory_peak_excess_over_job_median:ratio"
 _ETA = "rank_device:memexporter_oom_eta_seconds"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One recording rule (``severity`` empty) or alerting rule; ``why`` becomes a YAML comment."""
-
-    name: str
-    expr: str
-    why: str
-    for_: int = 0
-    severity: str = ""
-    summary: str = ""
-    description: str = ""
-
-
-def query(metric: str, fmt: str, over: str = "", rank_only: bool = False) -> str:
-    """Template text printing ``metric`` for the alert's job/instance/rank/device through ``fmt``;
-    ``over`` (a duration) reads its last value within that range, for a series that is gone;
-    ``rank_only`` for a series without ``device`` (``steps_total``)."""
-    names = ("job", "instance", "rank") if rank_only else ("job", "instance", "rank", "device")
-    selector = metric + "{" + ",".join(f"{n}=%q" for n in names) + "}"
-    if over:
-        selector = f"last_over_time({selector}[{over}])"
-    labels = " ".join(f"$labels.{n}" for n in names)
-    return (f'{{{{ with printf "{selector}" {labels} | query }}}}'
-            f"{{{{ $v := . | first | value }}}}{fmt}{{{{ end }}}}")
 
 
 def params(c: RulesConfig) -> dict[str, str]:
@@ -77,6 +60,7 @@ def params(c: RulesConfig) -> dict[str, str]:
         last_limit=query("memexporter_memory_limit_bytes", "{{ $v | humanize1024 }}B", p["lost_window"]),
         last_steps=query("memexporter_steps_total", '{{ $v | printf "%.0f" }}', p["lost_window"], rank_only=True),
     )
+    p.update(phase_params())
     return p
 
 
@@ -118,6 +102,7 @@ def recording() -> list[Rule]:
              "How far each rank's typical peak sits above the median rank of its peers (the series that\n"
              "share the peer labels: one training run) on the same kind of device (cuda or cpu), as a\n"
              "fraction of its own limit. A peer label a series lacks counts as empty."),
+        *phase_recording(),
     ]
 
 
@@ -135,10 +120,18 @@ def alerts(c: RulesConfig) -> list[Rule]:
              "its per-step peak is at %(util)s of the limit and growing."),
         Rule("MemexporterOOMImminent",
              f"{util} > %(imminent_full_utilisation)s\nor\n(\n  {util} > %(imminent_min_utilisation)s\n"
-             f"  and\n  {eta} < %(imminent_horizon_s)s\n)",
-             "Headroom nearly gone, or a short ETA with little headroom.", c.imminent_for, c.critical_severity,
+             f"  and\n  {eta} < %(imminent_horizon_s)s\n)\nor\n(\n  {util}\n"
+             "  and on(job, instance, rank, device)\n"
+             f"  max without (phase) ({PHASE_UTIL}{{%(sel)s}}) > %(imminent_full_utilisation)s\n)",
+             "Headroom nearly gone, or a short ETA with little headroom: on the step peak, training alone.\n"
+             "Or the last occurrence of an out-of-step phase (an evaluation, a checkpoint) nearly filled the\n"
+             "limit: the exporter keeps those phases out of the step peak (so an evaluation spike no longer\n"
+             "feeds the forecast), so they get their own headroom gate; the next occurrence can OOM. The\n"
+             "forecast arm stays on training peaks. The value is the step peak's utilisation (the\n"
+             "description names the phase), so this arm waits for a completed step.",
+             c.imminent_for, c.critical_severity,
              "Training memory is about to run out.",
-             "%(who)s has its per-step peak at {{ $value | humanizePercentage }} of the limit; "
+             "%(who)s has its per-step peak at {{ $value | humanizePercentage }} of the limit%(phase_note)s; "
              "time to OOM at the current trend: %(eta)s."),
         Rule("MemexporterMemoryLeak",
              "memexporter_leak_rate_bytes_per_second{%(sel)s} * 3600 / memexporter_memory_limit_bytes{%(sel)s}\n"
@@ -201,4 +194,5 @@ def alerts(c: RulesConfig) -> list[Rule]:
              "Collector {{ $labels.collector }} of rank {{ $labels.rank }} of job {{ $labels.job }} on "
              "{{ $labels.instance }} succeeded in only {{ $value | humanizePercentage }} of scrapes over the "
              "last %(collector_window)s: its series are missing. The exporter's log names the error."),
+        stalled_alert(c),
     ]

@@ -1,6 +1,8 @@
 """Every dashboard query against a real Prometheus that scrapes the real demo job.
 
-The demo trains on the CPU with per-module tracking on; Prometheus scrapes it every second. After
+The demo trains on the CPU with per-module tracking on and an evaluation (an ``eval`` phase) every
+5 steps, so the phase panels and annotation have an out-of-step phase to show; Prometheus scrapes
+it every second. After
 about 25 s of data, each panel query (Grafana variables substituted as the dashboards would) must
 return at least one series. A GPU-only panel (every query needs a ``cuda_only`` metric of the spec
 table) cannot return data on a CPU job, so there Prometheus must accept each query (a parse error
@@ -41,6 +43,10 @@ DASHBOARDS = {p.name: json.loads(p.read_text(encoding="utf-8"))
 PANELS = [(name, p) for name, dash in DASHBOARDS.items() for p in dash["panels"]]
 PANEL_IDS = [f"{name.removeprefix('memexporter-').removesuffix('.json')}/{p['title']}" for name, p in PANELS]
 ANNOTATIONS = [(name, a) for name, dash in DASHBOARDS.items() for a in dash["annotations"]["list"] if "expr" in a]
+ALERT_ANNOTATIONS = [(name, a) for name, a in ANNOTATIONS if metric_names(a["expr"]) & {"ALERTS", "ALERTS_FOR_STATE"}]
+PHASE_ANNOTATIONS = [(name, a) for name, a in ANNOTATIONS if (name, a) not in ALERT_ANNOTATIONS]
+# An evaluation forward every 5 steps (a second): the demo's out-of-step phase.
+DEMO_ARGS = ("--eval-every", "5")
 RULE_FILES = sorted((REPO_ROOT / "alerts").glob("*.yml"))  # alerts/ holds rules files only
 SPEC_NAMES = {s.name for s in SPECS}
 CUDA_ONLY = {s.name for s in SPECS if s.cuda_only}
@@ -82,7 +88,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus,
     require("prometheus")
     port = free_port()
     rules = always_firing_rules(tmp_path_factory.mktemp("rules") / "always-firing.rules.yml")
-    with running_demo(port), running_prometheus([f"127.0.0.1:{port}"], [rules]) as prom:
+    with running_demo(port, *DEMO_ARGS), running_prometheus([f"127.0.0.1:{port}"], [rules]) as prom:
         prom.wait_targets_up(timeout=30)
         prom.wait_for(
             f'count_over_time(memexporter_steps_total{{job="memexporter"}}[1m]) >= {SECONDS_OF_DATA}',
@@ -147,7 +153,13 @@ def test_modules_table_has_a_row_per_module(live: tuple[Prometheus, dict[str, st
         assert {"embed", "blocks.0.self_attn", "head"} <= modules, target["expr"]
 
 
-@pytest.mark.parametrize(("name", "note"), ANNOTATIONS, ids=[f"{n}/{a['name']}" for n, a in ANNOTATIONS])
+def test_every_annotation_is_checked_here() -> None:
+    # The alert annotations and the phase annotation, each against the live demo below.
+    assert ALERT_ANNOTATIONS and PHASE_ANNOTATIONS
+    assert [a["name"] for _, a in PHASE_ANNOTATIONS] == ["out-of-step phases"]
+
+
+@pytest.mark.parametrize(("name", "note"), ALERT_ANNOTATIONS, ids=[f"{n}/{a['name']}" for n, a in ALERT_ANNOTATIONS])
 def test_alert_annotations_show_the_jobs_firing_alerts(live: tuple[Prometheus, dict[str, str]], name: str,
                                                        note: dict[str, Any]) -> None:
     prom, values = live
@@ -167,3 +179,20 @@ def test_alert_annotations_show_the_jobs_firing_alerts(live: tuple[Prometheus, d
             assert time.time() - 600 < float(series["value"][1]) / 1000 <= time.time(), series
     other_job = substitute(note["expr"], {**values, "job": "some-other-job"})
     assert prom.query(other_job) == [], f"{name}: {note['name']!r} ignores the job variable: {other_job}"
+
+
+@pytest.mark.parametrize(("name", "note"), PHASE_ANNOTATIONS, ids=[f"{n}/{a['name']}" for n, a in PHASE_ANNOTATIONS])
+def test_phase_annotation_marks_the_demos_evaluations(live: tuple[Prometheus, dict[str, str]], name: str,
+                                                     note: dict[str, Any]) -> None:
+    prom, values = live
+    # As Grafana runs it: a range query at the annotation's step; a region where the value is >= 1.
+    expr = substitute(note["expr"], values)
+    end = time.time()
+    found = prom.query_range(expr, end - 60, end, step=note["step"])
+    assert found, f"{name}: {note['name']!r} marks nothing while the demo evaluates every second: {expr}"
+    for series in found:
+        assert series["metric"]["phase"] == "eval", series["metric"]  # forward, backward, optimizer: not marked
+        assert series["metric"]["rank"] == values["rank"], series["metric"]
+        assert all(float(v) >= 1 for _, v in series["values"]), series
+    other_rank = substitute(note["expr"], {**values, "rank": "7"})
+    assert prom.query(other_rank) == [], f"{name}: {note['name']!r} ignores the rank variable: {other_rank}"

@@ -108,6 +108,22 @@ def test_promtool_unit_tests_catch_a_changed_rule(tmp_path: Path) -> None:
         assert f"alertname: {alert}" in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize(("change", "alert"), [
+    ({"stalled_phase_floor": 900}, "MemexporterTrainingStalled"),  # a first evaluation pages at 1h20m
+    ({"stalled_factor": 5.0}, "MemexporterTrainingStalled"),  # the hung evaluation pages 75 minutes early
+    ({"imminent_full_utilisation": 0.99}, "MemexporterOOMImminent"),  # the 98% evaluation stays silent
+], ids=["no-phase-floor", "factor-5", "full-at-99"])
+def test_promtool_phase_tests_catch_a_changed_rule(tmp_path: Path, change: dict[str, float], alert: str) -> None:
+    # Not vacuous: phases.yml fails against rules whose stall allowance or phase gate moved.
+    cfg = dataclasses.replace(rules.RulesConfig.default(), **change)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "memexporter.rules.yml").write_text(rules.render_config(cfg), encoding="utf-8")
+    shutil.copy(ALERTS_DIR / "tests" / "phases.yml", tmp_path / "tests" / "phases.yml")
+    result = run(require("promtool"), "test", "rules", tmp_path / "tests" / "phases.yml")
+    assert result.returncode != 0, f"phases.yml passed against rules with {change}"
+    assert f"alertname: {alert}" in result.stdout + result.stderr
+
+
 def test_promtool_fleet_tests_catch_job_only_peer_labels(tmp_path: Path) -> None:
     # Not vacuous: with the old peers (job alone) the two runs that share job="memexporter" in
     # fleet.yml are compared with each other, and the large run's balanced ranks fire too.
@@ -131,6 +147,7 @@ def test_amtool_check_config() -> None:
 
 @pytest.mark.parametrize(("labels", "receiver"), [
     (("alertname=MemexporterOOMImminent", "severity=critical"), "training-pager"),
+    (("alertname=MemexporterTrainingStalled", "severity=critical"), "training-pager"),
     (("alertname=MemexporterOOMPredicted", "severity=warning"), "training-chat"),
     (("alertname=MemexporterCollectorFailing", "severity=warning"), "training-chat"),
     (("alertname=MemexporterFatalOOMSuspected", "severity=warning"), "training-chat"),

@@ -17,6 +17,7 @@ import yaml
 
 from memexporter import dashboards
 from memexporter.metrics import BY_NAME
+from memexporter.tracking.phases import OUT_OF_STEP_PHASES
 from tests.support import REPO_ROOT
 from tests.support.promql import (
     BUILTINS,
@@ -188,18 +189,27 @@ def test_rate_and_increase_use_rate_interval(name: str, dash: dict[str, Any]) ->
         assert seen, f"{name}: expected at least one rate()/increase() query"
 
 
-def test_overview_has_alert_annotations() -> None:
+def test_overview_has_alert_and_phase_annotations() -> None:
     notes = [a for a in BUILT["memexporter-overview.json"]["annotations"]["list"] if "expr" in a]
-    assert [n["name"] for n in notes] == ["memexporter alerts", "probable fatal OOM"]
+    assert [n["name"] for n in notes] == ["memexporter alerts", "probable fatal OOM", "out-of-step phases"]
     for note in notes:
         assert note["enable"] is True
         assert note["datasource"]["uid"] == DS_UID
-    firing, fatal = notes
+    firing, fatal, phases = notes
     assert firing["expr"] == ('ALERTS{alertname=~"Memexporter.*", alertname!="MemexporterFatalOOMSuspected", '
                               'alertstate="firing", job=~"$job"}')
     # The fatal OOM is marked once, at the moment the target vanished (when the alert went pending).
     assert fatal["expr"] == 'ALERTS_FOR_STATE{alertname="MemexporterFatalOOMSuspected", job=~"$job"} * 1000'
     assert fatal["useValueForTime"] is True
+    # Out-of-step phases (those the exporter keeps out of the step peak): a region while one is seen
+    # open, and a mark where one completed (a phase shorter than a scrape is never seen open).
+    out_of_step = 'phase=~"' + "|".join(sorted(OUT_OF_STEP_PHASES)) + '"'
+    sel = 'job=~"$job", instance=~"$instance", rank=~"$rank", ' + out_of_step
+    assert phases["expr"] == (
+        f"max by (job, instance, rank, phase) (memexporter_phase_active{{{sel}}}) == 1\nor\n"
+        f"max by (job, instance, rank, phase) (changes(memexporter_phase_completed_total{{{sel}}}[$__rate_interval])) > 0")
+    assert phases["useValueForTime"] is False
+    assert "{{phase}}" in phases["titleFormat"]
 
 
 # --- GPU-only panels, derived from the spec table -----------------------------------------------

@@ -13,6 +13,7 @@ import yaml
 
 from memexporter import rules
 from memexporter.metrics import BY_NAME
+from memexporter.tracking.phases import OUT_OF_STEP_PHASES
 from tests.support import REPO_ROOT
 from tests.support.promql import metric_names
 
@@ -25,8 +26,12 @@ CONTRACT_ALERTS = (
     "MemexporterOOMPredicted", "MemexporterOOMImminent", "MemexporterMemoryLeak", "MemexporterAllocatorThrashing",
     "MemexporterOOMOccurred", "MemexporterFragmentationHigh", "MemexporterRankImbalance", "MemexporterCollectorFailing",
 )
-# Additions to the contract (DESIGN.md allows new alerts): issue 9's fatal OOM.
-ADDED_ALERTS = ("MemexporterFatalOOMSuspected",)
+# Additions to the contract (DESIGN.md allows new alerts): issue 9's fatal OOM, issue 23's stalled run.
+ADDED_ALERTS = ("MemexporterFatalOOMSuspected", "MemexporterTrainingStalled")
+# The alerts that page (the critical severity parameter); every other one is a warning.
+PAGING_ALERTS = ("MemexporterOOMImminent", "MemexporterTrainingStalled")
+# Alerts about a rank, not a device: their series have no device label.
+RANK_ALERTS = ("MemexporterCollectorFailing", "MemexporterTrainingStalled")
 ALL_ALERTS = CONTRACT_ALERTS + ADDED_ALERTS
 # The rules may read any series in the spec table (the single source of truth), their own records,
 # and Prometheus' own `up` (MemexporterFatalOOMSuspected tells a dead target from a failing collector).
@@ -34,6 +39,8 @@ RULE_INPUTS = frozenset(BY_NAME) | {"up"}
 # Metric names inside the annotations' template queries: {{ with printf "name{..." ... | query }}.
 TEMPLATE_QUERY = re.compile(r'printf "([A-Za-z_:][\w:]*)\{')
 RECORD_NAME = re.compile(r"[a-z_]+:[a-z_]+:[a-z0-9_]+")
+OUT_OF_STEP = 'phase=~"checkpoint|eval|predict|test|validation"'
+UNIT_TESTS = sorted((ALERTS_DIR / "tests").glob("*.yml"))
 
 
 def load(text: str) -> list[dict[str, Any]]:
@@ -78,7 +85,7 @@ def test_contract_alerts_exist_and_nothing_else() -> None:
 @pytest.mark.parametrize("name", ALL_ALERTS)
 def test_alert_is_complete(name: str) -> None:
     rule = ALERTS[name]
-    assert rule["labels"]["severity"] == ("critical" if name == "MemexporterOOMImminent" else "warning")
+    assert rule["labels"]["severity"] == ("critical" if name in PAGING_ALERTS else "warning")
     ann = rule["annotations"]
     assert sorted(ann) == ["description", "runbook_url", "summary"]
     assert ann["summary"][0].isupper() and ann["summary"].endswith("."), ann["summary"]
@@ -86,7 +93,7 @@ def test_alert_is_complete(name: str) -> None:
     # The description names where it happens; the figure comes from $value or a query.
     for label in ("$labels.rank", "$labels.instance", "$labels.job"):
         assert label in ann["description"], f"{name}: description lacks {label}"
-    if name != "MemexporterCollectorFailing":  # its series have no device; it names the collector
+    if name not in RANK_ALERTS:  # their series have no device (CollectorFailing names the collector)
         assert "$labels.device" in ann["description"]
     assert "$value" in ann["description"]
 
@@ -104,7 +111,7 @@ def test_runbook_names_only_existing_metrics_and_rules() -> None:
     text = RUNBOOK.read_text(encoding="utf-8")
     known = set(BY_NAME) | {r["record"] for r in load(DEFAULT) if "record" in r}
     # Whole names only: a prefix such as `grep '^memexporter_module_'` ends in "_".
-    named = {n for n in re.findall(r"\b(?:memexporter_\w+|rank_device:[\w:]+)", text) if not n.endswith("_")}
+    named = {n for n in re.findall(r"\b(?:[a-z_]+:memexporter_\w+:\w+|memexporter_\w+)", text) if not n.endswith("_")}
     assert named, "the runbook should give queries"
     assert named <= known, sorted(named - known)
 
@@ -165,7 +172,7 @@ def test_demo_preset_has_shorter_windows_and_same_thresholds() -> None:
     default, demo = rules.PRESETS["default"], rules.PRESETS["demo"]
     for f in dataclasses.fields(rules.RulesConfig):
         a, b = getattr(default, f.name), getattr(demo, f.name)
-        if f.name.endswith(("_window", "_horizon", "_for")):
+        if f.name.endswith(("_window", "_horizon", "_for", "_floor")):
             assert b < a, f"demo {f.name} is not shorter"
             assert b <= 600, f"demo {f.name} is not minutes"
         else:
@@ -173,7 +180,8 @@ def test_demo_preset_has_shorter_windows_and_same_thresholds() -> None:
 
 
 def test_predictive_alerts_wait_with_for_and_oom_occurred_does_not() -> None:
-    for name in ("MemexporterOOMPredicted", "MemexporterOOMImminent", "MemexporterMemoryLeak", "MemexporterRankImbalance"):
+    for name in ("MemexporterOOMPredicted", "MemexporterOOMImminent", "MemexporterMemoryLeak", "MemexporterRankImbalance",
+                 "MemexporterTrainingStalled"):
         assert "for" in ALERTS[name], name
     assert "for" not in ALERTS["MemexporterOOMOccurred"]
 
@@ -283,7 +291,10 @@ def test_good_selectors_render_into_every_series(selector: str) -> None:
     for rule in load(text):
         for name in metric_names(rule["expr"]):
             if name.startswith("memexporter_") or ":" in name:
-                assert name + "{" + selector + "}" in rule["expr"], f"{rule.get('record') or rule['alert']}: {name}"
+                # Phase series put their own matcher first, so a trailing comma in the selector parses.
+                assert (name + "{" + selector + "}" in rule["expr"]
+                        or name + "{" + OUT_OF_STEP + "," + selector + "}" in rule["expr"]), (
+                    f"{rule.get('record') or rule['alert']}: {name}")
 
 
 @pytest.mark.parametrize(("selector", "why"), BAD_SELECTORS, ids=[s or "empty" for s, _ in BAD_SELECTORS])
@@ -306,3 +317,67 @@ def test_cli_rejects_an_unquoted_selector(capsys: pytest.CaptureFixture[str]) ->
     assert captured.out == ""
     assert 'the value of job must be a quoted string, e.g. job="foo"' in captured.err
     assert "error: memexporter:" not in captured.err  # argparse's "memexporter rules: error:" says it once
+
+
+# --- phases (issue 23): out-of-step phases and the stalled run -----------------------------------
+
+
+def test_phase_series_read_the_exporters_out_of_step_phases() -> None:
+    # One source: memexporter.tracking.phases, where the exporter decides what stays out of the step peak.
+    exporters = 'phase=~"' + "|".join(sorted(OUT_OF_STEP_PHASES)) + '"'
+    assert exporters == OUT_OF_STEP
+    phase_series = [r for r in load(DEFAULT) if "memexporter_phase_" in r["expr"]]
+    assert phase_series
+    for rule in phase_series:
+        for selector in re.findall(r"memexporter_phase_\w+\{[^}]*\}", rule["expr"]):
+            assert OUT_OF_STEP in selector, f"{rule.get('record') or rule['alert']}: {selector}"
+
+
+def test_oom_forecast_reads_training_peaks_only() -> None:
+    # The forecast (OOMPredicted, OOMImminent's ETA arm) stays on the step peak; only OOMImminent's
+    # headroom arm reads the out-of-step phases, against the same "nearly full" threshold.
+    assert "phase" not in ALERTS["MemexporterOOMPredicted"]["expr"]
+    imminent = ALERTS["MemexporterOOMImminent"]["expr"]
+    phase_arm = imminent.split("and on(job, instance, rank, device)")[1]
+    assert "rank_device_phase:memexporter_phase_peak_utilisation:ratio" in phase_arm
+    assert f"> {rules.RulesConfig.imminent_full_utilisation}" in phase_arm
+    assert "eta" not in phase_arm
+
+
+def test_stalled_run_parameters_are_rendered() -> None:
+    cfg = dataclasses.replace(rules.RulesConfig.default(), stalled_factor=4.0, stalled_floor=1200,
+                              stalled_phase_floor=7200, stalled_for=600)
+    text = rules.render_config(cfg)
+    (allowance,) = [r["expr"] for r in load(text) if r.get("record") == "rank:memexporter_stall_allowance_seconds:max"]
+    assert "4.0 * memexporter_step_interval_seconds" in allowance
+    assert "4.0 * memexporter_phase_duration_seconds" in allowance
+    assert re.search(r"memexporter_last_step_timestamp_seconds\{[^}]*\},\s+1200\s+\)", allowance)
+    assert re.search(r"memexporter_phase_active\{[^}]*\},\s+7200\s+\)", allowance)
+    # The open phase's allowance is the run's: it reaches every rank that shares the peer labels.
+    assert "+ on(job, namespace, run_id) group_left()\n      max by (job, namespace, run_id) (" in allowance
+    assert alerts(text)["MemexporterTrainingStalled"]["for"] == "10m"
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="stalled_factor"):
+            rules.render_config(dataclasses.replace(cfg, stalled_factor=bad))
+
+
+# --- the promtool unit tests: a firing and a silent case for every alert --------------------------
+
+
+def _expectations() -> dict[str, tuple[int, int]]:
+    """``{alertname: (silent cases, firing cases)}`` over every ``alert_rule_test`` in alerts/tests."""
+    out: dict[str, tuple[int, int]] = {}
+    for path in UNIT_TESTS:
+        for test in yaml.safe_load(path.read_text(encoding="utf-8"))["tests"]:
+            for case in test.get("alert_rule_test", []):
+                silent, fired = out.get(case["alertname"], (0, 0))
+                out[case["alertname"]] = (silent + (not case.get("exp_alerts")), fired + bool(case.get("exp_alerts")))
+    return out
+
+
+@pytest.mark.parametrize("name", ALL_ALERTS)
+def test_every_alert_has_a_firing_and_a_silent_promtool_case(name: str) -> None:
+    # DESIGN.md section 5. promtool runs them (tests/integration/test_promtool.py).
+    silent, fired = _expectations().get(name, (0, 0))
+    assert fired, f"alerts/tests/*.yml: no case where {name} fires"
+    assert silent, f"alerts/tests/*.yml: no case where {name} stays silent"
