@@ -113,7 +113,7 @@ def test_promtool_unit_tests_catch_a_changed_rule(tmp_path: Path) -> None:
     ({"stalled_factor": 5.0}, "MemexporterTrainingStalled"),  # the hung evaluation pages 75 minutes early
     ({"imminent_full_utilisation": 0.99}, "MemexporterOOMImminent"),  # the 98% evaluation stays silent
 ], ids=["no-phase-floor", "factor-5", "full-at-99"])
-def test_promtool_phase_tests_catch_a_changed_rule(tmp_path: Path, change: dict[str, float], alert: str) -> None:
+def test_promtool_phase_tests_catch_a_changed_rule(tmp_path: Path, change: dict[str, Any], alert: str) -> None:
     # Not vacuous: phases.yml fails against rules whose stall allowance or phase gate moved.
     cfg = dataclasses.replace(rules.RulesConfig.default(), **change)
     (tmp_path / "tests").mkdir()
@@ -148,6 +148,7 @@ def test_amtool_check_config() -> None:
 @pytest.mark.parametrize(("labels", "receiver"), [
     (("alertname=MemexporterOOMImminent", "severity=critical"), "training-pager"),
     (("alertname=MemexporterTrainingStalled", "severity=critical"), "training-pager"),
+    (("alertname=MemexporterTrainingStalled", "severity=warning"), "training-chat"),  # rules rendered not to page
     (("alertname=MemexporterOOMPredicted", "severity=warning"), "training-chat"),
     (("alertname=MemexporterCollectorFailing", "severity=warning"), "training-chat"),
     (("alertname=MemexporterFatalOOMSuspected", "severity=warning"), "training-chat"),
@@ -209,3 +210,32 @@ def test_alertmanager_inhibits_the_warning_twin(tmp_path: Path) -> None:
             assert died.path == "/training-chat"
             assert died.payload["groupLabels"] == {"alertname": "MemexporterFatalOOMSuspected", "job": "memexporter"}
             assert sorted(a["labels"]["rank"] for a in died.payload["alerts"]) == ["0", "1"]
+
+
+def test_alertmanager_pages_once_per_stalled_run(tmp_path: Path) -> None:
+    # One hung rank stops every rank of its run: their TrainingStalled alerts are one page (grouped
+    # by run), while another run's stall is a page of its own.
+    with WebhookReceiver() as hook:
+        config = yaml.safe_load(AM_EXAMPLE.read_text(encoding="utf-8"))
+        for receiver in config["receivers"]:
+            for webhook in receiver["webhook_configs"]:
+                webhook["url"] = hook.url + receiver["name"]
+        for route in (config["route"], *config["route"]["routes"]):
+            route["group_wait"] = "1s"
+        path = tmp_path / "alertmanager.yml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+
+        def stalled(run_id: str, rank: str) -> dict[str, Any]:
+            return {"labels": {"alertname": "MemexporterTrainingStalled", "severity": "critical", "job": "memexporter",
+                               "run_id": run_id, "instance": f"trainer-{rank}:9400", "rank": rank},
+                    "annotations": {"summary": "stalled"}}
+
+        with running_alertmanager(path) as am:
+            _post_alerts(am.url, [stalled("run-a", r) for r in "0123"] + [stalled("run-b", "0")])
+            hook.wait_for(lambda p: p["receiver"] == "training-pager", timeout=60)
+            time.sleep(3)  # both groups (group_wait 1s) have been sent by now
+            pages = [r for r in hook.received if r.payload["receiver"] == "training-pager"]
+            by_run = {r.payload["groupLabels"]["run_id"]: sorted(a["labels"]["rank"] for a in r.payload["alerts"])
+                      for r in pages}
+            assert by_run == {"run-a": ["0", "1", "2", "3"], "run-b": ["0"]}, by_run
+            assert len(pages) == 2
