@@ -136,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"step {step:6d} | loss {loss.item():.3f} | {text}", flush=True)
             if (pause := args.step_interval - (time.monotonic() - started)) > 0:
                 time.sleep(pause)
+            if args.stall_after_steps and step >= args.stall_after_steps:
+                print(f"memexporter demo: stalling after step {step}, as asked: the process stays up, no more steps",
+                      file=sys.stderr, flush=True)
+                while True:  # a hung collective, as the stalled-run alert sees it
+                    time.sleep(1.0)
     except KeyboardInterrupt:
         print("memexporter demo: interrupted", file=sys.stderr)
     finally:
@@ -158,6 +163,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank-extra-mib", type=rank_mib, default=None, metavar="R:N", help="rank R holds N extra MiB (rank imbalance)")
     p.add_argument("--eval-every", type=integer(0), default=0, metavar="K", help="an evaluation forward every K steps (0: none)")
     p.add_argument("--warmup-steps", type=integer(0), default=None, help="steps the leak estimate ignores at start")
+    p.add_argument("--stall-after-steps", type=integer(0), default=0, metavar="N",
+                   help="stop stepping after N steps while the process stays up (a hung job; 0: never)")
     # The sizes a `memexporter sweep` varies: memory grows with each.
     p.add_argument("--batch-size", "--batch", type=integer(1), default=8, help="sequences per step (default 8)")
     p.add_argument("--seq-len", type=integer(1), default=64, help="tokens per sequence (default 64)")
