@@ -169,22 +169,11 @@ class MemexporterCallback(pl.Callback):  # type: ignore[misc,name-defined]
             del trainer.save_checkpoint
 
     def _save_on_risk(self, trainer: Any) -> None:
-        s = self._session
-        if not s.save_checkpoint_on_oom_risk:
-            return
-        noted = s.risk is not None
-        if trainer.world_size > 1:
-            if trainer.global_step % max(1, self.risk_sync_every_n_steps):
-                return  # the risk waits for the next agreement
-            noted = bool(trainer.strategy.reduce_boolean_decision(noted, all=False))  # every rank calls it
-        risk = s.take_risk()
-        if not noted:
+        why = self._session.should_save(trainer.global_step, trainer.world_size, self.risk_sync_every_n_steps,
+                                        lambda noted: bool(trainer.strategy.reduce_boolean_decision(noted, all=False)))
+        if why is None:
             return
         dirpath = getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir
         path = f"{str(dirpath).rstrip('/')}/oom-risk-step={trainer.global_step}.ckpt"
-        if risk is not None:
-            s.warn_saving(risk, trainer.global_step, path)
-        else:
-            log.warning("memexporter: OOM risk on another rank at step %s: saving a checkpoint to %s",
-                        trainer.global_step, path)
+        log.warning("memexporter: %s: saving a checkpoint at step %s to %s", why, trainer.global_step, path)
         trainer.save_checkpoint(path)

@@ -14,7 +14,7 @@ import importlib
 import inspect
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -219,9 +219,22 @@ class Session:
         risk, self.risk = self.risk, None
         return risk
 
-    def warn_saving(self, risk: OomRisk, step: int, where: str) -> None:
-        """The one WARNING line of a risk episode: why (the risk as judged) and where it saves."""
+    def should_save(self, step: int, world_size: int, every: int, any_rank: Callable[[bool], bool]) -> str | None:
+        """Whether to save a checkpoint now for an OOM risk, at the step boundary ``step``: the
+        reason to log, or None. With several ranks they agree first (``any_rank``, a collective
+        every rank calls), every ``every`` steps only: an agreement waits for the device."""
+        if not self.save_checkpoint_on_oom_risk:
+            return None
+        noted = self.risk is not None
+        if world_size > 1:
+            if step % max(1, every):
+                return None  # the risk waits for the next agreement
+            noted = any_rank(noted)
+        risk = self.take_risk()
+        if not noted:
+            return None
+        if risk is None:
+            return "OOM risk on another rank"
         eta = "none" if math.isinf(risk.eta_seconds) else f"{risk.eta_seconds:.0f} s"
-        log.warning("memexporter: OOM risk on %s (%s: peak %.0f MiB of a %.0f MiB limit, used %.0f MiB, ETA %s): "
-                    "saving a checkpoint at step %s to %s", risk.device, risk.reason, risk.peak_bytes / 2**20,
-                    risk.limit_bytes / 2**20, risk.used_bytes / 2**20, eta, step, where)
+        return (f"OOM risk on {risk.device} ({risk.reason}: peak {risk.peak_bytes / 2**20:.0f} MiB of a "
+                f"{risk.limit_bytes / 2**20:.0f} MiB limit, used {risk.used_bytes / 2**20:.0f} MiB, ETA {eta})")

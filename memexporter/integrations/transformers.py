@@ -184,21 +184,10 @@ class MemexporterCallback(transformers.TrainerCallback):  # type: ignore[misc,na
             self._session.close("checkpoint")
 
     def _save_on_risk(self, args: Any, state: Any, control: Any) -> None:
-        s = self._session
-        if not s.save_checkpoint_on_oom_risk:
-            return
-        noted = s.risk is not None
-        if args.world_size > 1:
-            if state.global_step % max(1, self.risk_sync_every_n_steps):
-                return  # the risk waits for the next agreement
-            noted = _any_rank(noted, args.device)  # every rank calls it
-        risk = s.take_risk()
-        if not noted:
+        why = self._session.should_save(state.global_step, args.world_size, self.risk_sync_every_n_steps,
+                                        lambda noted: _any_rank(noted, args.device))
+        if why is None:
             return
         where = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        if risk is not None:
-            s.warn_saving(risk, state.global_step, where)
-        else:
-            log.warning("memexporter: OOM risk on another rank at step %s: saving a checkpoint to %s",
-                        state.global_step, where)
+        log.warning("memexporter: %s: saving a checkpoint at step %s to %s", why, state.global_step, where)
         control.should_save = True

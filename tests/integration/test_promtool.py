@@ -159,6 +159,20 @@ def test_amtool_routes_by_severity(labels: tuple[str, ...], receiver: str) -> No
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _example_for(hook: WebhookReceiver, tmp: Path) -> Path:
+    """The example config as shipped, with both webhook placeholders pointed at ``hook`` and
+    group_wait cut to 1s so a test takes seconds; routes and inhibition are untouched."""
+    config = yaml.safe_load(AM_EXAMPLE.read_text(encoding="utf-8"))
+    for receiver in config["receivers"]:
+        for webhook in receiver["webhook_configs"]:
+            webhook["url"] = hook.url + receiver["name"]
+    for route in (config["route"], *config["route"]["routes"]):
+        route["group_wait"] = "1s"
+    path = tmp / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
 def _post_alerts(url: str, alerts: list[dict[str, Any]]) -> None:
     req = urllib.request.Request(f"{url}/api/v2/alerts", data=json.dumps(alerts).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
@@ -167,17 +181,8 @@ def _post_alerts(url: str, alerts: list[dict[str, Any]]) -> None:
 
 
 def test_alertmanager_inhibits_the_warning_twin(tmp_path: Path) -> None:
-    # The example config as shipped, with both webhook placeholders pointed at a local receiver
-    # and group_wait cut to 1s so the test takes seconds; routes and inhibition are untouched.
     with WebhookReceiver() as hook:
-        config = yaml.safe_load(AM_EXAMPLE.read_text(encoding="utf-8"))
-        for receiver in config["receivers"]:
-            for webhook in receiver["webhook_configs"]:
-                webhook["url"] = hook.url + receiver["name"]
-        for route in (config["route"], *config["route"]["routes"]):
-            route["group_wait"] = "1s"
-        path = tmp_path / "alertmanager.yml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        path = _example_for(hook, tmp_path)
         where = {"job": "memexporter", "instance": "trainer-0:9400", "device": "cuda:0"}
 
         def alert(name: str, severity: str, rank: str) -> dict[str, Any]:
@@ -216,14 +221,7 @@ def test_alertmanager_pages_once_per_stalled_run(tmp_path: Path) -> None:
     # One hung rank stops every rank of its run: their TrainingStalled alerts are one page (grouped
     # by run), while another run's stall is a page of its own.
     with WebhookReceiver() as hook:
-        config = yaml.safe_load(AM_EXAMPLE.read_text(encoding="utf-8"))
-        for receiver in config["receivers"]:
-            for webhook in receiver["webhook_configs"]:
-                webhook["url"] = hook.url + receiver["name"]
-        for route in (config["route"], *config["route"]["routes"]):
-            route["group_wait"] = "1s"
-        path = tmp_path / "alertmanager.yml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        path = _example_for(hook, tmp_path)
 
         def stalled(run_id: str, rank: str) -> dict[str, Any]:
             return {"labels": {"alertname": "MemexporterTrainingStalled", "severity": "critical", "job": "memexporter",
