@@ -101,6 +101,8 @@ class Exporter:
                 self._server.stop()
                 self._server = None
             if _running is self:
+                self.sources.host.close()
+            if _running is self:
                 _running = None
                 boundaries.activate(None, auto_step=False)
                 phases.activate(None)

@@ -159,10 +159,15 @@ class HostBackend:
         self._statm = (pid, fd)
         return None if fd < 0 else fd
 
-    def __del__(self) -> None:
-        if self._statm is not None and self._statm[0] == os.getpid() and self._statm[1] >= 0:
+    def close(self) -> None:
+        """Close the statm descriptor (the exporter's ``stop()``: every descriptor it opened goes)."""
+        statm, self._statm = self._statm, None
+        if statm is not None and statm[0] == os.getpid() and statm[1] >= 0:
             with contextlib.suppress(OSError):
-                os.close(self._statm[1])
+                os.close(statm[1])
+
+    def __del__(self) -> None:
+        self.close()
 
     def children_rss(self) -> int:
         """Summed RSS of all descendants (DataLoader workers and their children), in bytes."""

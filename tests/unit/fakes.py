@@ -92,6 +92,9 @@ class FakeHost:
     def sample(self) -> HostSample:
         return self.value
 
+    def close(self) -> None:
+        return None
+
 
 IDENTITY = Identity(rank="3", local_rank="1", world_size="8", hostname="node17")
 
