@@ -140,7 +140,7 @@ def test_rss_from_statm_agrees_with_psutil_and_grows_with_a_real_allocation() ->
     backend = HostBackend()
     before = backend.rss()
     assert abs(before - psutil.Process().memory_info().rss) < 8 * 2**20
-    block = bytearray(64 * 2**20)  # zero-filled: every page is touched, so resident
+    block = b"\xff" * (64 * 2**20)  # written, so resident (a zeroed bytearray can be untouched pages)
     grown = backend.rss() - before
     del block
     assert 60 * 2**20 < grown < 80 * 2**20, grown
@@ -158,7 +158,7 @@ def test_rss_in_a_forked_child_is_the_childs() -> None:
     pid = os.fork()
     if pid == 0:  # the child reads through the backend it inherited, after growing by 128 MiB
         try:
-            block = bytearray(128 * 2**20)
+            block = b"\xff" * (128 * 2**20)
             os.write(write_end, f"{backend.rss()} {psutil.Process().memory_info().rss}".encode())
             del block
         finally:

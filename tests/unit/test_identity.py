@@ -3,8 +3,10 @@ initialised group (Lightning's own DDP launcher sets LOCAL_RANK but not RANK), t
 
 from __future__ import annotations
 
-import multiprocessing
+import time
 from pathlib import Path
+
+import torch.multiprocessing as torch_mp
 
 from memexporter.exporter import identity
 
@@ -26,24 +28,21 @@ def test_an_initialised_group_names_the_rank_when_no_variable_does() -> None:
     assert (identity({}, group=lambda: None).rank, identity({}, group=lambda: None).world_size) == ("0", "1")
 
 
-def _rank_seen(rank: int, store: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _rank_seen(rank: int, folder: str) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
     try:
         ident = identity({"LOCAL_RANK": str(rank)})  # as Lightning's launcher leaves it: no RANK
-        out.put((rank, ident.rank, ident.world_size))
+        Path(folder, f"rank{rank}").write_text(f"{ident.rank} {ident.world_size}")
     finally:
         dist.destroy_process_group()
 
 
 def test_two_real_gloo_ranks_without_rank_variables_are_told_apart(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
-    procs = [ctx.Process(target=_rank_seen, args=(r, str(tmp_path / "store"), out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    seen = sorted(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    assert seen == [(0, "0", "2"), (1, "1", "2")]
+    # torch.multiprocessing: a child that fails raises here with its traceback.
+    ctx = torch_mp.spawn(_rank_seen, args=(str(tmp_path),), nprocs=2, join=False)  # type: ignore[attr-defined,no-untyped-call]
+    deadline = time.monotonic() + 180
+    while not ctx.join(timeout=5):
+        assert time.monotonic() < deadline, "two gloo ranks did not finish in 180 s"
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["0 2", "1 2"]
