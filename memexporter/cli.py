@@ -152,17 +152,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def os_error(exc: OSError) -> str:
+    """``cannot write '/proc/x': Permission denied``: one line, no ``[Errno 13]``."""
+    where = f" {exc.filename!r}" if exc.filename else ""
+    return f"cannot write{where}: {exc.strerror or exc}"
+
+
+def _write_command(command: str, argv: list[str]) -> int:
+    """``rules`` and ``dashboards``, whose files the user names: a path that cannot be written is
+    one line on stderr and exit status 1, not a traceback."""
+    try:
+        if command == "rules":
+            from memexporter import rules
+
+            return rules.main(argv)
+        from memexporter.dashboards.export import main as dashboards
+
+        return dashboards(argv)
+    except OSError as exc:
+        print(f"memexporter {command}: {os_error(exc)}", file=sys.stderr)
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `rules` owns its own parser (memexporter.rules.main), so hand it the raw arguments.
-    if argv[:1] == ["rules"]:
-        from memexporter import rules
-
-        return rules.main(argv[1:])
-    if argv[:1] == ["dashboards"]:
-        from memexporter.dashboards.export import main as dashboards
-
-        return dashboards(argv[1:])
+    if argv[:1] in (["rules"], ["dashboards"]):
+        return _write_command(argv[0], argv[1:])
     if argv[:1] == ["sweep"]:  # owns its parser too: the measured command follows `--`
         from memexporter.sweep.command import main as sweep
 
@@ -184,7 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "inspect":
             from memexporter.diagnose.inspect import run as run_inspect
 
-            return run_inspect(args)
+            try:
+                return run_inspect(args)
+            except KeyboardInterrupt:
+                return 130
         if args.command == "demo":
             return _demo(rest)
         return _run(args)

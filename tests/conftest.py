@@ -28,3 +28,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Progress(config), "memexporter-progress")
+
+
+@pytest.fixture(autouse=True)
+def _runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The debug endpoints' token files go to ``$XDG_RUNTIME_DIR/memexporter``: a test's go to a
+    temporary folder, never the user's runtime folder (children started by a test inherit it)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))

@@ -25,8 +25,12 @@ def main(argv: list[str] | None = None) -> int:
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
                 stale.append(str(path))
             continue
-        args.out.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:  # one line, not a traceback
+            print(f"cannot write {str(exc.filename or path)!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     if stale:
         print(f"stale dashboards (run python -m memexporter.dashboards): {', '.join(stale)}", file=sys.stderr)
         return 1

@@ -12,6 +12,10 @@ local of the training loop is looked up, as a last resort, in the current thread
 (``frame.f_locals``; before Python 3.13 that materialises a snapshot of the frame's locals that
 lives until the frame's next snapshot or its end, so it is done only when nothing else named the
 holder). Runs on the training thread only; costs one heap scan per level (``MAX_DEPTH`` at most).
+
+The names end up in the job's log, in dumps and on ``/debug/memory``, so a string key is shown only
+when it reads like a name from code (``names.py``): anything else (a cache keyed by an API key, a
+user id, a file path) reads ``['<redacted 32 chars>']``.
 """
 
 from __future__ import annotations
@@ -26,17 +30,21 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from memexporter.diagnose.names import attribute, subscript
+
 MAX_DEPTH = 8
 MAX_FRONTIER = 128
 _THROUGH = (list, tuple, dict, set, frozenset, collections.deque, types.CellType)
 _OPAQUE = (weakref.ref, weakref.ProxyType, types.MethodType, types.BuiltinFunctionType, types.ModuleType)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MODULE_DICTS = re.compile(r"\._(?:buffers|parameters|modules)\['([^']+)'\]")
+_DICT_KEY = "\0key"  # the label of a string dict key: rendered by _segment(), which knows the path above it
 
 
 class _Node:
-    """``obj`` holds ``below`` (None for a sample) through ``label`` (``[*]``, ``['k']``); ``key``
-    is the raw dict key, used when ``obj`` turns out to be an object's ``__dict__``."""
+    """``obj`` holds ``below`` (None for a sample) through ``label`` (``[*]``, ``[0]``, or
+    ``_DICT_KEY``); ``key`` is the raw dict key, used when ``obj`` turns out to be an object's
+    ``__dict__``."""
 
     __slots__ = ("below", "key", "label", "obj", "origins")
 
@@ -44,23 +52,31 @@ class _Node:
         self.obj, self.below, self.label, self.key, self.origins = obj, below, label, key, origins
 
 
+def _segment(path: str, node: _Node) -> str:
+    if node.label != _DICT_KEY:
+        return node.label
+    # nn.Module's own dicts are keyed by attribute names; any other dict by data.
+    code = path.endswith(("._buffers", "._parameters", "._modules"))
+    return subscript(str(node.key), code)
+
+
 def _render(base: str, node: _Node) -> str:
     """``base`` plus the subscripts down to the innermost container, whose type ends the name."""
-    segments = []
+    path = base
     while node.below is not None and node.below.below is not None:
-        segments.append(node.label)
+        path += _segment(path, node)
         node = node.below
-    if node.below is not None and (base + "".join(segments)).endswith(("._buffers", "._parameters")):
-        segments.append(node.label)  # a registered buffer or parameter: name it, it is no container
+    if node.below is not None and path.endswith(("._buffers", "._parameters")):
+        path += _segment(path, node)  # a registered buffer or parameter: name it, it is no container
         node = node.below
-    return _MODULE_DICTS.sub(r".\1", base + "".join(segments)) + f" ({type(node.obj).__name__})"
+    return _MODULE_DICTS.sub(r".\1", path) + f" ({type(node.obj).__name__})"
 
 
 def _label(container: Any, child: Any) -> tuple[str, object]:
     if isinstance(container, dict):
         for k, v in container.items():
             if v is child:
-                return (f"[{k!r}]" if isinstance(k, str) and len(k) <= 40 else "[*]"), k
+                return (_DICT_KEY if isinstance(k, str) else "[*]"), k
         return "[key]", None
     if isinstance(container, tuple):
         for i, v in enumerate(container):
@@ -91,14 +107,14 @@ def _anchor(ref: Any, child: _Node) -> tuple[str, _Node] | None:
     obj, below = child.obj, child.below
     own_dict = below is not None and isinstance(obj, dict) and isinstance(child.key, str)
     if isinstance(ref, types.ModuleType):
-        return (f"{ref.__name__}.{child.key}", below) if own_dict and below and vars(ref) is obj else None
+        return (f"{ref.__name__}.{attribute(str(child.key))}", below) if own_dict and below and vars(ref) is obj else None
     if isinstance(ref, type):
         if own_dict and below and vars(ref).get(str(child.key)) is below.obj:
-            return f"{_short(ref.__qualname__)}.{child.key}", below
+            return f"{_short(ref.__qualname__)}.{attribute(str(child.key))}", below
         return None
     if isinstance(ref, types.FrameType):  # a finished frame, kept by a traceback
         code = ref.f_code
-        name = next((k for k, v in ref.f_locals.items() if v is obj), "?")
+        name = attribute(next((k for k, v in ref.f_locals.items() if v is obj), "?"))
         return f"{_code_name(code)}() local {name}", child
     if isinstance(ref, (types.GeneratorType, types.CoroutineType)):
         return f"{_short(ref.__qualname__)}() (a suspended generator's local)", child
@@ -111,10 +127,10 @@ def _anchor(ref: Any, child: _Node) -> tuple[str, _Node] | None:
     d = _instance_dict(ref)
     if d is not None:
         if d is obj:
-            return (f"{cls}.{child.key}", below) if own_dict and below else None
+            return (f"{cls}.{attribute(str(child.key))}", below) if own_dict and below else None
         attr = next((k for k, v in d.items() if v is obj), None)
         if attr is not None:
-            return f"{cls}.{attr}", child
+            return f"{cls}.{attribute(str(attr))}", child
     for klass in type(ref).__mro__:
         for slot in getattr(klass, "__slots__", ()):
             if isinstance(slot, str) and getattr(ref, slot, None) is obj:

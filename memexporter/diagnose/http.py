@@ -1,7 +1,9 @@
 """The ``/debug`` endpoints, as WSGI apps for ``server.Route``.
 
-Only the peer address counts (``REMOTE_ADDR``; no forwarded-for header is trusted): loopback,
-or a network named in ``debug_allow``, else 403. ``/debug/memory`` answers from the published
+Two checks, both needed. The peer address (``REMOTE_ADDR``; no forwarded-for header is trusted):
+loopback, or a network named in ``debug_allow``, else 403. Then this process's token
+(``token.py``): loopback is every local user, not the job's, so the request must carry the secret
+that only the job's user can read, else 403 with where to find it. ``/debug/memory`` answers from the published
 findings and never waits on the training loop. ``/debug/snapshot`` returns the CUDA caching
 allocator's snapshot (``torch.cuda.memory._snapshot()``) as a pickle that PyTorch's memory_viz
 opens; it reads allocator bookkeeping under the allocator's own lock, not a tensor, so it is
@@ -20,6 +22,7 @@ from urllib.parse import parse_qs
 
 from memexporter.diagnose.engine import Diagnosis
 from memexporter.diagnose.report import DEFAULT_TOP, document
+from memexporter.diagnose.token import TOKEN_ENV, DebugToken, runtime_dirs
 from memexporter.server import Route, WSGIApp
 
 StartResponse = Callable[..., Any]
@@ -37,20 +40,59 @@ def is_allowed(peer: str, networks: Sequence[Network]) -> bool:
     return ip.is_loopback or any(ip in net for net in networks)
 
 
-def _plain(start_response: StartResponse, status: str, text: str, head: bool) -> Iterable[bytes]:
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+# Networks an allow-list may name without a warning: private and link-local address space.
+_LOCAL_NETWORKS = [ipaddress.ip_network(n) for n in (
+    "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16",
+    "::1/128", "fc00::/7", "fe80::/10")]
+
+
+def public_networks(allow: Sequence[str]) -> list[str]:
+    """The networks in ``allow`` that reach beyond private and link-local address space
+    (``0.0.0.0/0``, ``::/0``, a public range): the ones worth a warning at start."""
+    out = []
+    for text in allow:
+        net = ipaddress.ip_network(text)
+        if not any(net.version == local.version and net.subnet_of(local) for local in _LOCAL_NETWORKS):  # type: ignore[arg-type]
+            out.append(text)
+    return out
+
+
+def _plain(start_response: StartResponse, status: str, text: str, head: bool,
+           headers: Sequence[tuple[str, str]] = ()) -> Iterable[bytes]:
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), *headers])
     return [] if head else [text.encode()]
 
 
-def guarded(app: WSGIApp, allow: Sequence[str]) -> WSGIApp:
-    """``app`` for allowed peers; 403 with the knob to change it for everyone else."""
+def presented(environ: dict[str, Any]) -> str | None:
+    """The token a request carries: ``Authorization: Bearer <token>``, else ``?token=<token>``."""
+    scheme, _, value = str(environ.get("HTTP_AUTHORIZATION", "")).strip().partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    values = parse_qs(str(environ.get("QUERY_STRING", ""))).get("token", [])
+    return values[-1] if values else None
+
+
+def token_hint(token: DebugToken) -> str:
+    """Where the token is, for the 403's one line (the path, never the token)."""
+    where = str(token.path) if token.path is not None else f"{runtime_dirs()[0]}/memexporter-<host>-<pid>-<port>.token"
+    return (f"forbidden: /debug/* needs this process's token. memexporter inspect on the job's node, as the job's "
+            f"user, reads it from {where} (or give it with --token or {TOKEN_ENV}); send it as "
+            "'Authorization: Bearer <token>' or ?token=<token>\n")
+
+
+def guarded(app: WSGIApp, allow: Sequence[str], token: DebugToken | None) -> WSGIApp:
+    """``app`` for allowed peers that carry ``token`` (None: no token asked, for tests of the app);
+    403 with the knob to change, or where the token is, for everyone else."""
     networks = [ipaddress.ip_network(n) for n in allow]
 
     def wrapper(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        head = environ.get("REQUEST_METHOD") == "HEAD"
         if not is_allowed(str(environ.get("REMOTE_ADDR", "")), networks):
             return _plain(start_response, "403 Forbidden", "forbidden: the debug endpoints answer loopback "
-                          "clients only; name more networks with debug_allow= or MEMEXPORTER_DEBUG_ALLOW\n",
-                          environ.get("REQUEST_METHOD") == "HEAD")
+                          "clients only; name more networks with debug_allow= or MEMEXPORTER_DEBUG_ALLOW\n", head)
+        if token is not None and not token.accepts(presented(environ)):
+            return _plain(start_response, "403 Forbidden", token_hint(token), head,
+                          [("WWW-Authenticate", 'Bearer realm="memexporter /debug"')])
         return app(environ, start_response)
 
     return wrapper
@@ -102,12 +144,13 @@ def snapshot_app(snapshot: Callable[[], dict[str, Any] | None], rank: str) -> WS
     return app
 
 
-def routes(diagnosis: Diagnosis, snapshot: Callable[[], dict[str, Any] | None], allow: Sequence[str]) -> dict[str, Route]:
-    """The debug routes, each behind the peer check."""
+def routes(diagnosis: Diagnosis, snapshot: Callable[[], dict[str, Any] | None], allow: Sequence[str],
+           token: DebugToken | None) -> dict[str, Route]:
+    """The debug routes, each behind the peer check and the token."""
     rank = diagnosis.sources.rank
     return {
-        "/debug/memory": Route(guarded(memory_app(diagnosis), allow),
-                               "tensor census, growing groups and their holders, OOM view (JSON)"),
-        "/debug/snapshot": Route(guarded(snapshot_app(snapshot, rank), allow),
-                                 "CUDA allocator snapshot (pickle for pytorch.org/memory_viz)"),
+        "/debug/memory": Route(guarded(memory_app(diagnosis), allow, token),
+                               "tensor census, growing groups and their holders, OOM view (JSON; needs the token)"),
+        "/debug/snapshot": Route(guarded(snapshot_app(snapshot, rank), allow, token),
+                                 "CUDA allocator snapshot (pickle for pytorch.org/memory_viz; needs the token)"),
     }

@@ -1,57 +1,29 @@
-"""``memexporter inspect [URL]``: ``/debug/memory`` as tables, for a terminal on the node.
+"""``memexporter inspect [URL | DUMP]``: ``/debug/memory`` as tables, for a terminal on the node.
 
 Growth first (what grows, how fast, and what holds it), then graphs kept across steps, the OOM
-view, and the largest census groups. ``--json`` prints the document as served. Reads only the
-JSON (no torch needed). Exit status: 0 shown, 1 when the endpoint cannot be read (with the reason
-and the knob to change it), 2 for a bad URL.
+view, and the largest census groups. ``--json`` prints the document as served. Reads a running
+job (``reading.read_url``: the job's token found for a local URL, one deadline for the whole
+request, at most 32 MiB) or a file from ``oom_dump_dir`` (``reading.read_dump``). Reads only
+JSON (no torch needed). Exit status: 0 shown, 1 when the document cannot be read (one line: the
+reason and what to change), 2 for a bad URL or option.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
-import urllib.error
-import urllib.request
+import time
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+from memexporter.diagnose import token as tokens
+from memexporter.diagnose.reading import DEFAULT_URL, ReadError, is_dump, memory_url, read_dump, read_url
 from memexporter.diagnose.words import fmt_bytes, fmt_eta, fmt_group, fmt_rate
 
-DEFAULT_URL = "http://localhost:9400/debug/memory"
-
-
-def memory_url(url: str) -> str:
-    """``host:port``, ``http://host:port`` or a ``/metrics`` URL, pointed at ``/debug/memory``."""
-    if "://" not in url:
-        url = "http://" + url
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"memexporter inspect: not an http(s) URL: {url!r}")
-    path = parts.path if parts.path.rstrip("/").endswith("/debug/memory") else "/debug/memory"
-    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-
-
-def fetch(url: str, timeout: float) -> dict[str, Any]:
-    """The JSON document; raises ``RuntimeError`` with a message that says what to do."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # http(s) only: memory_url() checked
-            doc: dict[str, Any] = json.load(resp)
-            return doc
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise RuntimeError(f"{url}: 404, the job serves no debug endpoints. Start it with debug=True "
-                               "(or MEMEXPORTER_DEBUG=1)") from None
-        if exc.code == 403:
-            raise RuntimeError(f"{url}: 403, the debug endpoints answer loopback clients only. Run inspect on the "
-                               "job's node, or start the job with debug_allow=<your network>") from None
-        raise RuntimeError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise RuntimeError(f"cannot reach {url} ({reason}): is the job running, and is this its port? "
-                           "Each rank serves port + LOCAL_RANK") from None
-    except ValueError as exc:
-        raise RuntimeError(f"{url}: not a memexporter /debug/memory document ({exc})") from None
+__all__ = ["DEFAULT_URL", "add_parser", "memory_url", "render", "run"]
 
 
 def table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -61,15 +33,22 @@ def table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list
             for line in [headers, *rows]]
 
 
-def render(doc: dict[str, Any], top: int) -> str:
-    """The document as text: header, growth, graphs, OOM view, census."""
+def render(doc: dict[str, Any], top: int, dump: str | None = None) -> str:
+    """The document as text: header, growth, graphs, OOM view, census. ``dump``: the file it came
+    from (a pre-mortem or an OOM dump), whose time and reason head the text."""
     census = doc.get("census")
     lines = [f"rank {doc['rank']}, pid {doc['pid']}, step {doc['step']}"]
+    if dump is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc["unix_time"])) if "unix_time" in doc else "?"
+        lines[0] += f", written {when} to {os.path.basename(dump)}"
+        if doc.get("reason"):
+            lines.append(f"why: {doc['reason']}")
+    ago = "before the dump" if dump is not None else "ago"
     if census is None:
         lines.append(f"no census yet: the first comes at step {doc['next_census_step']} (every {doc['census_every']} steps)")
     else:
-        lines.append(f"census at step {census['step']} ({census.get('age_seconds', 0):.0f} s ago, took "
-                     f"{census['duration_ms']:.0f} ms); next at step {doc['next_census_step']}")
+        lines.append(f"census at step {census['step']} ({census.get('age_seconds', 0):.0f} s {ago}, took "
+                     f"{census['duration_ms']:.0f} ms)" + ("" if dump else f"; next at step {doc['next_census_step']}"))
     lines += ["", "Growing, fastest first"]
     rows = [[g["device"], fmt_group(g["dtype"], g["shape"]), g["kind"], str(g["count"]), fmt_rate(g["count_per_step"]),
              fmt_bytes(g["bytes_per_step"]), fmt_bytes(g["bytes"]), str(g["since_step"]),
@@ -103,28 +82,72 @@ def render(doc: dict[str, Any], top: int) -> str:
     return "\n".join(lines)
 
 
+def seconds(text: str) -> float:
+    """``--timeout``: a finite number of seconds above 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return x
+
+
+def top_count(text: str) -> int:
+    """``--top``: 1 to 1000 census groups (what the endpoint serves at most)."""
+    if not text.strip().isdecimal() or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"must be an integer 1-1000, got {text!r}")
+    return int(text)
+
+
 def add_parser(sub: Any) -> None:
     """Add ``inspect`` to the ``memexporter`` subcommands."""
-    p = sub.add_parser("inspect", help="print a running job's /debug/memory as tables (growth first)")
-    p.add_argument("url", nargs="?", default=DEFAULT_URL, help=f"the job's address (default {DEFAULT_URL})")
-    p.add_argument("--top", type=int, default=20, help="census groups to show (default 20)")
+    p = sub.add_parser("inspect", help="print a running job's /debug/memory, or a dump of oom_dump_dir, as tables")
+    p.add_argument("url", nargs="?", default=DEFAULT_URL, metavar="URL|DUMP",
+                   help=f"the job's address (default {DEFAULT_URL}), or a .json file (or the folder) of oom_dump_dir")
+    p.add_argument("--top", type=top_count, default=20, help="census groups to show (default 20)")
     p.add_argument("--json", action="store_true", help="print the JSON document as served")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the job (default 10)")
+    p.add_argument("--timeout", type=seconds, default=10.0,
+                   help="seconds for the whole request, from name lookup to the last byte (default 10)")
+    p.add_argument("--token", default=None, help=f"the job's debug token (default: ${tokens.TOKEN_ENV}, else the "
+                   "job's token file, found for a local URL's port)")
+    p.add_argument("--print-token-file", action="store_true",
+                   help="print the path of the job's token file for the URL's port and exit (for curl)")
+
+
+def _token_file(url: str) -> int:
+    parts = urlsplit(memory_url(url))
+    local_port = parts.port or (443 if parts.scheme == "https" else 80)
+    found = tokens.find(local_port)
+    if not found:
+        print(f"memexporter inspect: no token file of a running job for port {local_port} in "
+              f"{' or '.join(str(d) for d in tokens.runtime_dirs())}", file=sys.stderr)
+        return 1
+    print(found[0])
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    target = str(args.url)
+    top = max(1, int(args.top))
     try:
-        url = memory_url(args.url)
-    except ValueError as exc:
+        if getattr(args, "print_token_file", False):
+            return _token_file(target)
+        if is_dump(target):
+            doc, dump = read_dump(target)
+        else:
+            given = getattr(args, "token", None) or os.environ.get(tokens.TOKEN_ENV) or None
+            doc, dump = read_url(target, top, float(args.timeout), given), None
+        text = json.dumps(doc, indent=1) if args.json else render(doc, top, dump)
+    except ValueError as exc:  # a bad URL
         print(exc, file=sys.stderr)
         return 2
-    try:
-        doc = fetch(f"{url}?top={max(1, args.top)}", args.timeout)
-    except RuntimeError as exc:
+    except ReadError as exc:
         print(f"memexporter inspect: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(doc, indent=1))
-    else:
-        print(render(doc, max(1, args.top)))
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:  # parsed, but not the fields render() reads
+        what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) and exc.args else f"{type(exc).__name__}"
+        print(f"memexporter inspect: {dump or target}: not a memexporter /debug/memory document ({what})", file=sys.stderr)
+        return 1
+    print(text)
     return 0

@@ -1,5 +1,12 @@
 """Plugs the diagnosis into an exporter: the step tracker's boundary callbacks, the routes, the
-dump directory. ``attach()`` is called by ``exporter.start()``; ``Diagnostics.close()`` by ``stop()``."""
+dump directory, the debug token. ``attach()`` is called by ``exporter.start()``;
+``Diagnostics.close()`` by ``stop()``.
+
+The token file is named by the port (``token.py``). ``attach()`` runs before the server binds, so
+it writes the file for the port the exporter is about to bind (``port + LOCAL_RANK``);
+``Diagnostics.served(port)``, called once the server is bound, corrects it (port 0) or removes it
+(the bind failed).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,8 @@ from dataclasses import dataclass
 from memexporter.config import Config
 from memexporter.diagnose.dumps import AllocatorSource, CudaHooks, Premortem
 from memexporter.diagnose.engine import Diagnosis
-from memexporter.diagnose.http import routes
+from memexporter.diagnose.http import public_networks, routes
+from memexporter.diagnose.token import DebugToken
 from memexporter.scrape import Sources
 from memexporter.server import Route
 
@@ -27,9 +35,22 @@ class Diagnostics:
     routes: dict[str, Route]
     cuda: CudaHooks
     premortem: Premortem | None
+    token: DebugToken | None = None
+
+    def served(self, port: int | None) -> None:
+        """The server is bound to ``port`` (None: it could not bind): the token file follows."""
+        if self.token is None:
+            return
+        if port is None:
+            self.token.withdraw()
+        elif self.token.path is None or not self.token.path.name.endswith(f"-{port}.token"):
+            self.token.publish(port)
 
     def close(self) -> None:
-        """Stop the censuses and unhook from the step tracker (the OOM observer goes quiet)."""
+        """Stop the censuses and unhook from the step tracker (the OOM observer goes quiet); remove
+        the token file."""
+        if self.token is not None:
+            self.token.withdraw()
         self.diagnosis.close()
         if self.diagnosis.sources.steps is not None:
             self.diagnosis.sources.steps.remove_boundary_callback(self.diagnosis.on_boundary)
@@ -40,6 +61,7 @@ def attach(config: Config, sources: Sources, allocator: AllocatorSource) -> Diag
     """Set up the diagnosis when ``debug``, ``oom_dump_dir`` or ``record_history`` asks for it."""
     if not (config.debug or config.oom_dump_dir or config.record_history):
         return None
+    token = DebugToken.create() if config.debug and config.http else None  # a short MEMEXPORTER_DEBUG_TOKEN raises here
     diagnosis = Diagnosis(sources, config.census_every, config.census_budget)
     cuda = CudaHooks(allocator, diagnosis, config.oom_dump_dir, config.record_history)
     premortem = None
@@ -58,5 +80,21 @@ def attach(config: Config, sources: Sources, allocator: AllocatorSource) -> Diag
     if config.debug and not config.http:
         log.warning("memexporter: debug=True with http=False: no port is open, so there are no /debug endpoints; "
                     "the census, the leak log line and oom_dump_dir still work")
-    served = routes(diagnosis, allocator.memory_snapshot, config.debug_allow) if config.debug else {}
-    return Diagnostics(diagnosis, served, cuda, premortem)
+    debug_routes = routes(diagnosis, allocator.memory_snapshot, config.debug_allow, token) if config.debug else {}
+    diagnostics = Diagnostics(diagnosis, debug_routes, cuda, premortem, token)
+    if token is not None:
+        _warn_open(config.debug_allow)
+        if config.port and sources.identity.local_rank.isdigit():  # the exporter has checked it
+            diagnostics.served(config.port + int(sources.identity.local_rank))
+    return diagnostics
+
+
+def _warn_open(allow: tuple[str, ...]) -> None:
+    """A loud warning for an allow-list that reaches past private address space (the token still
+    guards the endpoints, but it travels in clear over plain HTTP)."""
+    wide = public_networks(allow)
+    if wide:
+        log.warning("memexporter: WARNING: debug_allow=%s opens /debug/* (tensor census, holder names, the "
+                    "allocator snapshot) to addresses outside private networks; only the debug token stands in "
+                    "the way, and it crosses the network in clear unless certfile/keyfile set up TLS. Name the "
+                    "networks you read from instead (e.g. 10.0.0.0/8)", ",".join(wide))

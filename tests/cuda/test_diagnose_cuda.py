@@ -59,7 +59,10 @@ def test_census_of_cuda_tensors_matches_the_allocator() -> None:
 def test_snapshot_endpoint_serves_a_memory_viz_pickle() -> None:
     x = torch.ones(16 * MiB // 4, device="cuda")
     exp = memexporter.start(port=0, addr="127.0.0.1", debug=True)
-    with urllib.request.urlopen(f"http://127.0.0.1:{exp.port}/debug/snapshot", timeout=60) as r:
+    assert exp.diagnostics is not None and exp.diagnostics.token is not None
+    req = urllib.request.Request(f"http://127.0.0.1:{exp.port}/debug/snapshot",
+                                 headers={"Authorization": f"Bearer {exp.diagnostics.token.value}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
         assert r.headers["Content-Type"] == "application/octet-stream"
         snapshot = pickle.loads(r.read())
     sizes = [b["size"] for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]

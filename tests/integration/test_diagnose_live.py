@@ -19,12 +19,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from memexporter.diagnose.token import find
 from tests.support import REPO_ROOT
 from tests.support.demo import module_env, running_demo
 from tests.support.ports import free_port
@@ -65,10 +67,28 @@ LEAKY_SCRIPT = textwrap.dedent(
 )
 
 
+# The jobs' debug token: given by hand here (MEMEXPORTER_DEBUG_TOKEN), so the test reads
+# /debug/memory with it; `memexporter inspect` finds it in the job's token file instead.
+TOKEN = "live-test-debug-token-0123456789"
+
+
+def debug_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
+    """A debug job's environment: its token file under the test's ``tmp_path``."""
+    return {"MEMEXPORTER_DEBUG": "1", "MEMEXPORTER_DEBUG_TOKEN": TOKEN, "XDG_RUNTIME_DIR": str(runtime_dir), **extra}
+
+
 def memory(port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/memory", timeout=10) as r:
-        doc: dict[str, Any] = json.load(r)
-        return doc
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/debug/memory", headers={"Authorization": f"Bearer {TOKEN}"})
+    for _ in range(30):
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                doc: dict[str, Any] = json.load(r)
+                return doc
+        except urllib.error.HTTPError as exc:  # 429: the /debug routes' rate limit; wait as asked
+            if exc.code != 429:
+                raise
+            time.sleep(float(exc.headers.get("Retry-After", "1")))
+    raise AssertionError("/debug/memory answered 429 thirty times in a row")
 
 
 def until(port: int, done: Any, timeout: float = 240.0) -> dict[str, Any]:
@@ -90,11 +110,13 @@ def test_a_users_leak_is_named_by_debug_memory_inspect_and_the_log(tmp_path: Pat
     script.write_text(LEAKY_SCRIPT)
     port = free_port()
     argv = [sys.executable, "-m", "memexporter", "run", "--port", str(port), "--addr", "127.0.0.1", str(script)]
-    with running_command(argv, [f"http://127.0.0.1:{port}/metrics"], env=module_env({"MEMEXPORTER_DEBUG": "1"}),
+    with running_command(argv, [f"http://127.0.0.1:{port}/metrics"], env=module_env(debug_env(tmp_path)),
                          cwd=REPO_ROOT, log=log, timeout=120, what="memexporter run train.py"):
         doc = until(port, named("Trainer.recent_batches (list)"))
+        # No token given: inspect reads the job's token file (the job's user, the job's node).
         inspect = subprocess.run([sys.executable, "-m", "memexporter", "inspect", f"127.0.0.1:{port}"],
-                                 capture_output=True, text=True, timeout=60, env=module_env(), check=False)
+                                 capture_output=True, text=True, timeout=60, check=False,
+                                 env=module_env({"XDG_RUNTIME_DIR": str(tmp_path), "HOME": str(tmp_path)}))
     top = doc["growth"][0]
     print(f"named at census step {doc['census']['step']} (job at step {doc['step']}): "
           f"{top['bytes_per_step'] / MiB:.3f} MiB/step, {top['count_per_step']:+.2f} tensors/step, {top['held_by']}")
@@ -110,11 +132,14 @@ def test_a_users_leak_is_named_by_debug_memory_inspect_and_the_log(tmp_path: Pat
     said = re.findall(r"memexporter: leaking ([\d.]+) MiB/step: float32\[1, 262144\] on cpu, \+1 per step, "
                       r"held by Trainer\.recent_batches \(list\)", log.read_text())
     assert len(said) == 1 and abs(float(said[0]) - 1.0) <= 0.25, log.read_text()[-3000:]
+    assert TOKEN not in log.read_text()
+    # The job was stopped with SIGTERM, which runs no clean-up: its token file stays, and inspect skips it.
+    assert find(port, {"XDG_RUNTIME_DIR": str(tmp_path), "HOME": str(tmp_path)}) == []
 
 
-def test_the_demos_leak_is_named_within_its_leak_window() -> None:
+def test_the_demos_leak_is_named_within_its_leak_window(tmp_path: Path) -> None:
     port = free_port()
-    with running_demo(port, *TINY, "--leak-mib-per-step", "8", "--no-track", env={"MEMEXPORTER_DEBUG": "1"}):
+    with running_demo(port, *TINY, "--leak-mib-per-step", "8", "--no-track", env=debug_env(tmp_path)):
         doc = until(port, named("TinyGPT.leak_store (list)"))
     top = doc["growth"][0]
     print(f"demo leak named at census step {doc['census']['step']}: {top['bytes_per_step'] / MiB:.2f} MiB/step")
@@ -122,9 +147,9 @@ def test_the_demos_leak_is_named_within_its_leak_window() -> None:
     assert doc["census"]["step"] <= 200  # the default leak window
 
 
-def test_a_healthy_demo_shows_no_growth() -> None:
+def test_a_healthy_demo_shows_no_growth(tmp_path: Path) -> None:
     port = free_port()
-    env = {"MEMEXPORTER_DEBUG": "1", "MEMEXPORTER_CENSUS_EVERY": "10", "MEMEXPORTER_CENSUS_BUDGET": "1"}
+    env = debug_env(tmp_path, MEMEXPORTER_CENSUS_EVERY="10", MEMEXPORTER_CENSUS_BUDGET="1")
     with running_demo(port, *TINY, "--eval-every", "25", env=env):
         doc = until(port, lambda d: len(d["history"]) >= 10)
     print(f"healthy demo: {len(doc['history'])} censuses up to step {doc['census']['step']}, growth {doc['growth']}")
@@ -181,3 +206,8 @@ def test_the_premortem_is_on_disk_before_the_oom_and_survives_sigkill(tmp_path: 
     assert re.match(r"cpu: (OOM ETA \d+ s|[\d.]+ % of the limit in use)", doc["reason"])
     leak = next(g for g in doc["census"]["groups"] if g["shape"] == [2097152])
     assert leak["count"] >= 5 and doc["oom"]["cpu"]["limit_bytes"] > 0
+    # The job is gone: inspect reads what it left (the folder: its newest dump).
+    inspect = subprocess.run([sys.executable, "-m", "memexporter", "inspect", str(dumps)], capture_output=True,
+                             text=True, timeout=60, env=module_env(), check=False)
+    assert inspect.returncode == 0, inspect.stderr
+    assert f"why: {doc['reason']}" in inspect.stdout and "float32[2097152]" in inspect.stdout

@@ -58,6 +58,16 @@ def test_nested_dict_keeps_the_string_keys() -> None:
     assert holder(r.history["train"][0]) == ["Runner.history['train'] (list)"]
 
 
+def test_a_key_that_is_data_is_redacted_to_its_length() -> None:
+    # The names reach the job's log and the dumps: an API key used as a cache key must not.
+    r = Runner()
+    for key in ("sk-proj-Zq81hTfA0pLm4", "hf_token", "x7Hq2LmP9tRz4WbN6yKc"):
+        r.history[key] = [torch.ones(2)]
+        assert holder(r.history[key][0]) == [f"Runner.history['<redacted {len(key)} chars>'] (list)"]
+    setattr(r, "sk-live-0123", [torch.ones(2)])
+    assert holder(getattr(r, "sk-live-0123")[0]) == ["Runner.<redacted 12 chars> (list)"]
+
+
 def test_a_cache_keyed_by_batch_is_named_by_its_attribute() -> None:
     r = Runner()
     r.cache[(7, 11)] = torch.ones(2)
