@@ -14,12 +14,13 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from memexporter import __version__
-from memexporter.config import Config
+from memexporter.config import DEFAULT_PORT, Config, origin
 from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.scrape import Identity, Sources
 from memexporter.server import Route, Server, serve
@@ -146,9 +147,10 @@ def start(model: Any = None, optimizer: Any = None, meter_provider: Any = None, 
           port_hint: str = "start(port=...) or MEMEXPORTER_PORT", **settings: Any) -> Exporter:
     """See ``memexporter.start``. ``port_hint`` says how the caller's user sets the port (the
     commands say ``--port``, the bootstrap only has the variable), for the message when the port
-    cannot be bound."""
+    cannot be bound; the message also says where the port in use came from."""
     global _running
     config = Config.resolve(settings)  # bad values raise before anything starts
+    port_from = origin("port", settings.get("port"))
     if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
         raise TypeError(f"memexporter: meter_provider must be an OpenTelemetry MeterProvider, got {meter_provider!r}")
     if _running is not None and _running.pid != os.getpid():
@@ -161,7 +163,7 @@ def start(model: Any = None, optimizer: Any = None, meter_provider: Any = None, 
             if meter_provider is not None and exporter.otel is None:
                 _attach_otel(exporter, meter_provider)  # asked for explicitly: honoured, as model= is
         else:
-            exporter = _start_locked(config, meter_provider, port_hint)
+            exporter = _start_locked(config, meter_provider, PortAdvice(config.port, port_from, port_hint))
             _running = exporter
         if model is not None:
             # Also on an exporter that already runs (MEMEXPORTER_AUTOSTART, `memexporter run`):
@@ -177,7 +179,7 @@ def start(model: Any = None, optimizer: Any = None, meter_provider: Any = None, 
     return exporter
 
 
-def _start_locked(config: Config, meter_provider: Any = None, port_hint: str = "start(port=...) or MEMEXPORTER_PORT") -> Exporter:
+def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Exporter:
     from memexporter.backends.host import HostBackend
     from memexporter.backends.nvml import NvmlBackend
     from memexporter.backends.torch import TorchBackend
@@ -195,13 +197,15 @@ def _start_locked(config: Config, meter_provider: Any = None, port_hint: str = "
     diagnostics = attach_diagnostics(config, sources, cuda)
     routes = diagnostics.routes if diagnostics is not None else None
     try:
-        server = _bind(registry, config, port, http_stats, port_hint, routes) if config.http else None
+        server = _bind(registry, config, port, http_stats, advice, routes) if config.http else None
     except Exception:  # a bad addr or TLS file (ValueError), or strict: nothing may stay attached
         if diagnostics is not None:
             diagnostics.close()
         raise
     exporter = Exporter(config, sources, registry, server)
     exporter.diagnostics = diagnostics
+    if diagnostics is not None and config.http:  # the debug token file is named by the bound port
+        diagnostics.served(server.port if server is not None else None)
     try:
         _attach_otel(exporter, meter_provider)
     except Exception:  # strict=True and OTLP push cannot be set up: free the port before raising
@@ -216,7 +220,8 @@ def _start_locked(config: Config, meter_provider: Any = None, port_hint: str = "
         log.info("memexporter: serving %s (rank %s)", exporter.url, ident.rank)
     elif not config.http and exporter.otel is None:
         log.warning("memexporter: http=False and no OpenTelemetry push: nothing publishes the metrics "
-                    "(set MEMEXPORTER_OTEL=1 or pass meter_provider=)")
+                    "(turn on the OTLP push: otel=True, --otel under memexporter run, or MEMEXPORTER_OTEL=1 where otel is "
+                    "not set explicitly; or pass meter_provider=)")
     return exporter
 
 
@@ -257,7 +262,30 @@ def _attach_otel(exporter: Exporter, meter_provider: Any) -> None:
                            meter_provider=meter_provider, strict=exporter.config.strict)
 
 
-def _bind(registry: CollectorRegistry, config: Config, port: int, stats: ConnectionStats, port_hint: str,
+@dataclass(frozen=True)
+class PortAdvice:
+    """How the user at hand moves the port: where the base port came from (``argument``,
+    ``environment`` or ``default``) and how this caller's user sets it (``port_hint``)."""
+
+    base: int
+    origin: str
+    hint: str
+
+    def where(self) -> str:
+        """Which change moves the port. An argument wins over ``MEMEXPORTER_PORT``, so for a port
+        passed in the code the variable is no advice: the argument is."""
+        if self.origin == "argument":
+            if self.hint.startswith("--"):  # `memexporter run --port`, the demo
+                return f"it comes from {self.hint.split()[0]} {self.base}: pass another base port there"
+            return (f"it comes from the argument port={self.base} in the code (start(), or a callback's port=), which "
+                    f"MEMEXPORTER_PORT does not override: change it there, or pass port=None to let MEMEXPORTER_PORT "
+                    f"choose (default {DEFAULT_PORT})")
+        if self.origin == "environment":
+            return f"it comes from MEMEXPORTER_PORT={self.base}: set MEMEXPORTER_PORT to another base port"
+        return f"{self.base} is the default base port: choose another with {self.hint}"
+
+
+def _bind(registry: CollectorRegistry, config: Config, port: int, stats: ConnectionStats, advice: PortAdvice,
           routes: dict[str, Route] | None = None) -> Server | None:
     """Serve, or log why not and go on (``strict``: raise). A bad address or bad TLS files
     raise ``ValueError`` either way: they are bad arguments, not a busy machine."""
@@ -265,12 +293,13 @@ def _bind(registry: CollectorRegistry, config: Config, port: int, stats: Connect
         return serve(registry, port, config.addr, config.certfile, config.keyfile, routes=routes, stats=stats)
     except OSError as exc:
         where = f"{config.addr}:{port}"
+        rank_port = f" (base port {advice.base} + LOCAL_RANK)" if port != advice.base else ""
         if exc.errno == errno.EADDRINUSE:
-            cause = (f"port {port} is already in use. Pick another base port with {port_hint} "
-                     "(each rank binds port + LOCAL_RANK); note that NVIDIA dcgm-exporter also defaults to 9400")
+            cause = (f"port {port}{rank_port} is already in use; {advice.where()}. Each rank binds port + LOCAL_RANK; "
+                     f"NVIDIA dcgm-exporter also defaults to {DEFAULT_PORT}")
         elif exc.errno == errno.EACCES:
-            cause = (f"no permission to bind port {port} (ports below 1024 need privileges). "
-                     f"Use a port above 1023 with {port_hint}")
+            cause = (f"no permission to bind port {port}{rank_port} (ports below 1024 need privileges); "
+                     f"use a port above 1023: {advice.where()}")
         else:
             cause = f"{exc.strerror or exc}"
         if config.strict:

@@ -9,7 +9,8 @@ import importlib.util
 import os
 import sys
 
-_TRUE = {"1", "true", "yes", "on"}
+_TRUE = {"1", "true", "yes", "on"}  # config.TRUE and config.FALSE (not imported: most processes never start)
+_FALSE = {"0", "false", "no", "off", ""}
 # Launchers start the training processes but never train themselves; they would bind port + 0
 # first and leave local rank 0 without its port.
 _LAUNCHERS = {"torchrun", "accelerate", "deepspeed", "lightning", "memexporter", "pip", "pip3"}
@@ -22,9 +23,17 @@ def _should_start(orig_argv: list[str]) -> bool:
     accelerate, deepspeed...), not ``python -c`` (multiprocessing's spawn, forkserver and
     resource_tracker helpers all start that way), not the memexporter command (which starts the
     exporter itself when it should)."""
-    if os.environ.get("MEMEXPORTER_AUTOSTART", "").strip().lower() not in _TRUE:
+    value = os.environ.get("MEMEXPORTER_AUTOSTART", "")
+    if value.strip().lower() in _FALSE or not _training_process(orig_argv[1:]):
         return False
-    args = orig_argv[1:]
+    if value.strip().lower() not in _TRUE:  # a typo must not leave the job unwatched in silence
+        print(f"memexporter bootstrap: not started: MEMEXPORTER_AUTOSTART={value!r} is not a boolean "
+              f"(1/true/yes/on to start, 0/false/no/off not to)", file=sys.stderr)
+        return False
+    return True
+
+
+def _training_process(args: list[str]) -> bool:
     if "-c" in args or "--multiprocessing-fork" in args:
         return False
     if "-m" in args:

@@ -132,6 +132,22 @@ def test_bootstrap_skips_torchrun_launcher_and_reports_bad_values(tmp_path: Path
     assert "memexporter bootstrap: not started" in out.stderr and "MEMEXPORTER_PORT" in out.stderr
 
 
+def test_bootstrap_says_a_mistyped_autostart_and_an_unknown_variable(tmp_path: Path) -> None:
+    script = tmp_path / "noop.py"
+    script.write_text("print('ran')")
+    env = {"MEMEXPORTER_AUTOSTART": "yes please", "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}"}
+    out = run([sys.executable, str(script)], env=env)
+    assert out.returncode == 0 and "ran" in out.stdout
+    assert "memexporter bootstrap: not started: MEMEXPORTER_AUTOSTART='yes please' is not a boolean" in out.stderr
+    # Started, with a typo beside it: said once on stderr (no logging is set up at interpreter start).
+    port = free_port()
+    env = {"MEMEXPORTER_AUTOSTART": "1", "MEMEXPORTER_PORT": str(port), "MEMEXPORTER_ADDR": "127.0.0.1",
+           "MEMEXPORTER_PROT": "9500", "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}"}
+    out = run([sys.executable, str(script)], env=env)
+    assert out.returncode == 0 and "ran" in out.stdout, out.stderr
+    assert out.stderr.count("MEMEXPORTER_PROT='9500'; did you mean MEMEXPORTER_PORT?") == 1, out.stderr
+
+
 def test_bootstrap_chains_to_the_next_sitecustomize(tmp_path: Path) -> None:
     # A distribution's or a site's own sitecustomize, later on sys.path, must still run.
     other = tmp_path / "site"

@@ -73,17 +73,17 @@ _A_FILE = REPO_ROOT / "pyproject.toml"
 # One bad value per parser, as an argument and as its environment variable (None: no string is
 # bad there). Keyed by the parser, so a knob with a new parser fails here until it has its case.
 BAD_BY_PARSER: dict[str, tuple[object, str | None]] = {
-    "_port": (65536, "-1"),
-    "_addr": ("999.1.1.1", "not an address"),
-    "_bool": ("sometimes", "sometimes"),
-    "_opt_path": ("/nonexistent/file.pem", "/nonexistent/file.pem"),
-    "_opt_positive": (0, "0"),
-    "_window": (7, "100001"),
-    "_non_negative": (-1, "minus one"),
-    "_positive": (0, "0"),
-    "_networks": ("10.0.0.0/33", "10.0.0.0/8, not-a-network"),
-    "_opt_dir": (str(_A_FILE / "dumps"), str(_A_FILE)),  # under a file: can never be a directory
-    "_fraction": (0, "1.5"),
+    "port": (65536, "-1"),
+    "addr": ("999.1.1.1", "not an address"),
+    "boolean": ("sometimes", "sometimes"),
+    "opt_path": ("/nonexistent/file.pem", "/nonexistent/file.pem"),
+    "opt_positive": (0, "0"),
+    "window": (7, "100001"),
+    "non_negative": (-1, "minus one"),
+    "positive": (0, "0"),
+    "networks": ("10.0.0.0/33", "10.0.0.0/8, not-a-network"),
+    "opt_dir": (str(_A_FILE / "dumps"), str(_A_FILE)),  # under a file: can never be a directory
+    "fraction": (0, "1.5"),
 }
 
 

@@ -1,0 +1,137 @@
+"""Parsers for the config knobs' values (``config.KNOBS``): one per kind of value.
+
+Each takes the name to put in an error (the keyword, or the ``MEMEXPORTER_*`` variable the value
+came from) and the value, and returns it normalised or raises ``TypeError``/``ValueError``
+naming both.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+
+
+def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    # bool is an int subclass; port=True is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"memexporter: {name} must be an int, got {value!r} ({type(value).__name__})")
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"memexporter: {name} must be an integer, got {value!r}") from None
+    if n < lo or (hi is not None and n > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"memexporter: {name} must be {bound}, got {value!r}")
+    return n
+
+
+def port(name: str, value: object) -> int:
+    return _int(name, value, 0, 65535)
+
+
+def positive(name: str, value: object) -> int:
+    return _int(name, value, 1)
+
+
+def non_negative(name: str, value: object) -> int:
+    return _int(name, value, 0)
+
+
+def window(name: str, value: object) -> int:
+    return _int(name, value, 8, 100_000)
+
+
+def opt_positive(name: str, value: object) -> int | None:
+    return None if value is None or value == "" else positive(name, value)
+
+
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def boolean(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
+        return value.strip().lower() in TRUE
+    raise ValueError(f"memexporter: {name} must be a boolean ({'/'.join(TRUE)} or {'/'.join(FALSE)}), got {value!r}")
+
+
+def addr(name: str, value: object) -> str:
+    """An IP address to bind. Host names are refused rather than resolved: ``start()`` must never
+    wait on DNS. ``localhost`` is the one name taken, as ``127.0.0.1``."""
+    if not isinstance(value, str):
+        raise TypeError(f"memexporter: {name} must be a string, got {value!r} ({type(value).__name__})")
+    if value == "localhost":
+        return "127.0.0.1"
+    hint = "0.0.0.0 (all interfaces), 127.0.0.1 (this host only), :: or ::1"
+    if not value:
+        raise ValueError(f"memexporter: {name} is empty; give an IP address such as {hint}")
+    if value != value.strip():
+        raise ValueError(f"memexporter: {name} has blanks around it: {value!r}")
+    if value.startswith("[") and value.endswith("]"):
+        raise ValueError(f"memexporter: {name} takes an IPv6 address without brackets, got {value!r}")
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"memexporter: {name} must be an IP address such as {hint}, got {value!r} "
+                         "(host names are not resolved, so that start() never waits on DNS)") from None
+    return value
+
+
+def opt_path(name: str, value: object) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"memexporter: {name} must be a file path, got {value!r}")
+    path = os.fspath(value)
+    if not os.path.isfile(path):
+        raise ValueError(f"memexporter: {name} file does not exist: {path!r}")
+    return str(path)
+
+
+def fraction(name: str, value: object) -> float:
+    """A fraction in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"memexporter: {name} must be a number, got {value!r} ({type(value).__name__})")
+    try:
+        x = float(value)
+    except ValueError:
+        raise ValueError(f"memexporter: {name} must be a number, got {value!r}") from None
+    if not 0 < x <= 1:
+        raise ValueError(f"memexporter: {name} must be a fraction above 0 and at most 1, got {value!r}")
+    return x
+
+
+def networks(name: str, value: object) -> tuple[str, ...]:
+    """IP networks in CIDR form, comma- or space-separated (or a list); a bare address is a /32 or /128."""
+    if isinstance(value, str):
+        items = [v for v in value.replace(",", " ").split() if v]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = [v.strip() for v in value]
+    else:
+        raise TypeError(f"memexporter: {name} must be networks in CIDR form (a string or a list of strings), got {value!r}")
+    out = []
+    for item in items:
+        try:
+            out.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ValueError(f"memexporter: {name} must be networks in CIDR form such as 10.0.0.0/8 or fd00::/8; "
+                             f"{item!r} in {value!r} is not one") from None
+    return tuple(out)
+
+
+def opt_dir(name: str, value: object) -> str | None:
+    """A directory that exists and is writable, or can be created (by the exporter, at start)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"memexporter: {name} must be a directory path, got {value!r}")
+    path = os.path.abspath(os.fspath(value))
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"memexporter: {name} must be a directory, but {existing!r} is a file (from {value!r})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"memexporter: {name} is not writable: {existing!r} (from {value!r})")
+    return path
