@@ -149,7 +149,7 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("process_info", "", "Process identity (value 1): local rank, world size and hostname.", ("rank", "local_rank", "world_size", "hostname"), "exporter", "memexporter.process.info"),
     _c("hook_errors", "Errors caught in memexporter's training-thread hooks (never raised into training).", RANK, "exporter", "memexporter.hook.errors", counts="{error}"),
     _c("http_dropped_connections", "HTTP connections closed without a full answer, by reason: " + "; ".join(f"{k} ({v})" for k, v in REASONS.items()) + ".", ("rank", "reason"), "exporter", "memexporter.http.dropped_connections", counts="{connection}"),
-    _g("collector_success", "", "1 if the collector's last run succeeded, 0 if it raised.", ("rank", "collector"), "guard", "memexporter.collector.success"),
+    _g("collector_success", "", "1 if the collector's last run succeeded, 0 if it raised or could read only part of its series (the part it read is still exported).", ("rank", "collector"), "guard", "memexporter.collector.success"),
     _g("collector_duration_seconds", "seconds", "Time the collector's last run took.", ("rank", "collector"), "guard", "memexporter.collector.duration"),
 )
 

@@ -19,7 +19,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from memexporter.metrics import families
-from memexporter.scrape import Scrape, Sources
+from memexporter.scrape import PartialFailure, Scrape, Sources
 
 log = logging.getLogger("memexporter")
 
@@ -83,6 +83,9 @@ class MemexporterCollector(Collector):
                 # Materialise first: a collector that fails half-way must not leave half its series.
                 out = list(collector.collect(scrape))
                 ok = 1.0
+            except PartialFailure as exc:  # what could be read is kept; the failure still shows
+                out, ok = exc.families, 0.0
+                self._log_failure(collector.name, exc)
             except Exception:
                 out, ok = [], 0.0
                 self._log_failure(collector.name)
@@ -93,11 +96,14 @@ class MemexporterCollector(Collector):
             {"memexporter_collector_success": success, "memexporter_collector_duration_seconds": duration}
         )
 
-    def _log_failure(self, name: str) -> None:
+    def _log_failure(self, name: str, partial: PartialFailure | None = None) -> None:
         # Log the traceback once per collector: a broken collector would otherwise flood the
         # training job's log on every scrape. The success gauge keeps counting it.
         if name not in self._warned:
             self._warned.add(name)
-            log.exception("memexporter: collector %r failed; its series are dropped from this scrape", name)
+            if partial is not None:  # a known failing read, already named: no traceback
+                log.warning("memexporter: collector %r exports only part of its series: %s", name, partial)
+            else:
+                log.exception("memexporter: collector %r failed; its series are dropped from this scrape", name)
         else:
             log.debug("memexporter: collector %r failed again", name)

@@ -4,14 +4,20 @@
 away after it, so collectors stay pure while each backend is still read at most once per scrape
 (one ``memory_stats()`` call per device). It also computes the OOM view (used and limit per
 device), which the memory and trend collectors share.
+
+A collector that could read only part of its series raises ``PartialFailure`` with what it has:
+the guard (``registry.py``) exports those series and sets its ``collector_success`` to 0, so a
+failing read shows on the dashboard while the other devices' figures stay.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
+
+from prometheus_client.core import Metric
 
 from memexporter.backends.base import CudaSource, HostSource, NvmlSource, cuda_label
 from memexporter.backends.host import HostSample
@@ -20,8 +26,18 @@ from memexporter.config import Config
 from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
 
-__all__ = ["CudaSource", "HostSource", "HttpSource", "Identity", "MemoryView", "NvmlSource", "Scrape", "Sources",
-           "cuda_label"]
+__all__ = ["CudaSource", "HostSource", "HttpSource", "Identity", "MemoryView", "NvmlSource", "PartialFailure", "Scrape",
+           "Sources", "cuda_label"]
+
+
+class PartialFailure(Exception):
+    """A collector read only part of what it reports: ``families`` are still exported, and its
+    ``memexporter_collector_success`` reads 0. The message says what failed."""
+
+    def __init__(self, families: Iterable[Metric], failed: Iterable[str]) -> None:
+        self.families = list(families)
+        self.failed = tuple(failed)
+        super().__init__("; ".join(self.failed))
 
 
 class HttpSource(Protocol):
@@ -75,6 +91,7 @@ class Scrape:
 
     def __init__(self, sources: Sources) -> None:
         self.sources = sources
+        self.view_failures: list[str] = []  # why a device's view is missing or lacks its limit (views)
 
     @cached_property
     def cuda_stats(self) -> dict[int, Mapping[str, int]]:
@@ -109,18 +126,26 @@ class Scrape:
     def views(self) -> dict[str, MemoryView]:
         """``{device label: MemoryView}`` for ``cpu`` and each CUDA device in use (DESIGN.md §4).
 
-        A failing source costs only its own devices' views: the host collector and the allocator
-        collector report their failures on their own success gauges.
+        A failing source costs only its own devices' views (or their limits), and says so in
+        ``view_failures``: the memory collector reports them on its success gauge.
         """
         views: dict[str, MemoryView] = {}
         try:
             host = self.host
-            views["cpu"] = MemoryView(used=host.rss, limit=host.rss + host.available)
-        except Exception:
-            pass
+        except Exception as exc:
+            self.view_failures.append(f"cpu: the host read failed ({type(exc).__name__}: {exc})")
+        else:
+            if host.rss is None:
+                self.view_failures.append("cpu: the process RSS could not be read")
+            else:
+                if host.available is None:
+                    self.view_failures.append("cpu: the available memory could not be read (no limit)")
+                limit = None if host.available is None else float(host.rss + host.available)
+                views["cpu"] = MemoryView(used=float(host.rss), limit=limit)
         try:
             cuda_stats = self.cuda_stats
-        except Exception:
+        except Exception as exc:
+            self.view_failures.append(f"cuda: memory_stats() failed ({type(exc).__name__}: {exc})")
             cuda_stats = {}
         for i, stats in cuda_stats.items():
             used = stats.get("allocated_bytes.all.current")

@@ -1,24 +1,32 @@
-"""Host memory: the only module that reads psutil and cgroup files.
+"""Host memory: with ``cgroup.py``, the only module that reads psutil, /proc and cgroup files.
 
 A container's memory limit is a cgroup limit, not the machine's RAM, and the kernel's OOM killer
 acts on it. So the limit and the available memory are the tighter of the machine's and the
-cgroup's: cgroup v2 (``memory.max``, ``memory.current``) or v1 (``memory.limit_in_bytes``,
-``memory.usage_in_bytes``), walking up the hierarchy for the tightest limit.
+cgroup's (``cgroup.py``).
+
+Each figure is read on its own: one that fails is ``None`` in the sample (and named in
+``HostSample.failed``), the others stay.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+from memexporter.backends.base import LogOnce
+from memexporter.backends.cgroup import CgroupMemory, read_cgroup
 
-# cgroup v1 reports "no limit" as a huge page-aligned number rather than "max".
-_V1_UNLIMITED = 1 << 60
+__all__ = ["CgroupMemory", "HostBackend", "HostSample", "read_cgroup"]
+
+_log = LogOnce()
+_T = TypeVar("_T")
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROC = Path("/proc")
 
@@ -50,76 +58,14 @@ def _rss_from_proc(pid: int) -> int:
 
 @dataclass(frozen=True)
 class HostSample:
-    """Host memory in bytes. ``available`` and ``limit`` are cgroup-aware."""
+    """Host memory in bytes. ``available`` and ``limit`` are cgroup-aware. A figure whose read
+    failed is ``None``, and ``failed`` says which reads failed and why."""
 
-    rss: int
-    children_rss: int
-    available: int
-    limit: int
-
-
-@dataclass(frozen=True)
-class CgroupMemory:
-    """The tightest cgroup limit and the reclaim-adjusted usage in that cgroup, in bytes."""
-
-    limit: int
-    usage: int
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if text == "max" or not text.lstrip("-").isdigit():
-        return None
-    value = int(text)
-    return None if value >= _V1_UNLIMITED else value
-
-
-def _inactive_file(stat: Path) -> int:
-    # Page cache on the inactive list is reclaimed before the OOM killer acts; subtracting it
-    # gives the "working set" that cAdvisor and the kubelet use for eviction.
-    try:
-        for line in stat.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key in ("inactive_file", "total_inactive_file"):
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def read_cgroup(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> CgroupMemory | None:
-    """The memory cgroup limit of this process, or ``None`` when no limit is set or readable."""
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    best: CgroupMemory | None = None
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, rel = parts
-        if controllers == "":  # cgroup v2 unified hierarchy
-            base, limit_f, usage_f, stat_f = root, "memory.max", "memory.current", "memory.stat"
-        elif "memory" in controllers.split(","):  # cgroup v1
-            base, limit_f, usage_f, stat_f = root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat"
-        else:
-            continue
-        # Inside a container the path in /proc/self/cgroup may not exist under the mount (the
-        # namespace root is mounted at the root), so try the path and each ancestor, then the root.
-        rel_path = Path(rel.lstrip("/"))
-        for candidate in [base / rel_path, *(base / p for p in rel_path.parents)]:
-            limit = _read_int(candidate / limit_f)
-            usage = _read_int(candidate / usage_f)
-            if limit is None or usage is None:
-                continue
-            usage = max(0, usage - _inactive_file(candidate / stat_f))
-            if best is None or limit < best.limit:
-                best = CgroupMemory(limit=limit, usage=usage)
-    return best
+    rss: int | None
+    children_rss: int | None
+    available: int | None
+    limit: int | None
+    failed: tuple[str, ...] = ()
 
 
 class HostBackend:
@@ -191,13 +137,26 @@ class HostBackend:
         return total
 
     def sample(self) -> HostSample:
-        """One reading of every host figure."""
-        rss = self.rss()
-        children = self.children_rss()
-        vm = psutil.virtual_memory()
-        available, limit = int(vm.available), int(vm.total)
-        cg = read_cgroup(self._cgroup_root, self._proc_cgroup)
-        if cg is not None:
-            limit = min(limit, cg.limit)
-            available = min(available, max(0, cg.limit - cg.usage))
-        return HostSample(rss=rss, children_rss=children, available=available, limit=limit)
+        """One reading of every host figure; a read that fails costs only its own figures."""
+        failed: list[str] = []
+
+        def read(what: str, fn: Callable[[], _T]) -> _T | None:
+            try:
+                return fn()
+            except Exception as exc:  # psutil.Error, OSError...: named on the collectors' success
+                failed.append(f"{what}: {type(exc).__name__}: {exc}")
+                _log.warning(f"read:{what}", "memexporter: reading the %s failed (%s: %s); its series are missing "
+                             "until it reads again", what, type(exc).__name__, exc)
+                return None
+
+        rss = read("process RSS", self.rss)
+        children = read("DataLoader workers' RSS", self.children_rss)
+        vm = read("machine's memory (psutil.virtual_memory)", psutil.virtual_memory)
+        cg = read("cgroup memory limit", lambda: read_cgroup(self._cgroup_root, self._proc_cgroup))
+        available = limit = None
+        if vm is not None:
+            available, limit = int(vm.available), int(vm.total)
+            if cg is not None:
+                limit = min(limit, cg.limit)
+                available = min(available, max(0, cg.limit - cg.usage))
+        return HostSample(rss=rss, children_rss=children, available=available, limit=limit, failed=tuple(failed))

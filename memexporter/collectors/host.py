@@ -1,4 +1,8 @@
-"""Host memory of the process and its DataLoader workers, cgroup-aware (see backends/host.py)."""
+"""Host memory of the process and its DataLoader workers, cgroup-aware (see backends/host.py).
+
+A figure whose read failed has no series; the others are still exported and the collector
+reports the failure (``collector_success`` 0).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from collections.abc import Iterable
 from prometheus_client.core import Metric
 
 from memexporter.metrics import families
-from memexporter.scrape import Scrape
+from memexporter.scrape import PartialFailure, Scrape
 
 
 class HostCollector:
@@ -16,9 +20,13 @@ class HostCollector:
     def collect(self, scrape: Scrape) -> Iterable[Metric]:
         labels = (scrape.sources.rank,)
         h = scrape.host
-        return families({
-            "memexporter_host_rss_bytes": [(labels, float(h.rss))],
-            "memexporter_host_children_rss_bytes": [(labels, float(h.children_rss))],
-            "memexporter_host_available_bytes": [(labels, float(h.available))],
-            "memexporter_host_limit_bytes": [(labels, float(h.limit))],
-        })
+        figures = {
+            "memexporter_host_rss_bytes": h.rss,
+            "memexporter_host_children_rss_bytes": h.children_rss,
+            "memexporter_host_available_bytes": h.available,
+            "memexporter_host_limit_bytes": h.limit,
+        }
+        out = families({name: [(labels, float(v))] if v is not None else [] for name, v in figures.items()})
+        if h.failed:
+            raise PartialFailure(out, h.failed)
+        return out

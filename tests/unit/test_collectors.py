@@ -184,7 +184,7 @@ def test_budget_above_the_real_limit_does_not_hide_the_oom() -> None:
     assert value(reg, "memexporter_memory_limit_bytes", rank="3", device="cuda:0") == 74 * GiB
 
 
-def test_failing_host_backend_keeps_cuda_views() -> None:
+def test_failing_host_backend_keeps_cuda_views_and_says_the_cpu_view_failed() -> None:
     class BrokenHost(FakeHost):
         def sample(self):  # type: ignore[no-untyped-def]
             raise OSError("synthetic /proc failure")
@@ -192,5 +192,7 @@ def test_failing_host_backend_keeps_cuda_views() -> None:
     cuda, nvml = one_gpu()
     reg = registry_for(sources(cuda, nvml, BrokenHost()))
     assert value(reg, "memexporter_collector_success", rank="3", collector="host") == 0
-    assert value(reg, "memexporter_collector_success", rank="3", collector="memory") == 1
+    # The cpu view is gone: the memory collector says so, and still exports the cuda view.
+    assert value(reg, "memexporter_collector_success", rank="3", collector="memory") == 0
     assert value(reg, "memexporter_memory_used_bytes", rank="3", device="cuda:0") == 3 * GiB
+    assert value(reg, "memexporter_memory_used_bytes", rank="3", device="cpu") is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import psutil
 import pytest
 
 from memexporter.backends.host import HostBackend, read_cgroup
+from memexporter.tracking.steps import StepTracker
+from tests.unit.fakes import one_gpu, registry_for, sources
 
 MiB = 1 << 20
 
@@ -170,3 +173,63 @@ def test_rss_in_a_forked_child_is_the_childs() -> None:
     # Its own RSS, to within a few pages. The parent's differs: the child has 128 MiB the parent
     # has not (and a fork does not copy the page tables of shared file mappings, torch's libraries).
     assert abs(through_backend - own) < 4 * 2**20, (through_backend, own, parent)
+
+
+def test_binary_bytes_in_a_cgroup_file_mean_no_limit_known_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/ctr\n")
+    _write(tmp_path / "fs", "ctr", {"memory.current": f"{60 * MiB}"})
+    (tmp_path / "fs" / "ctr" / "memory.max").write_bytes(b"\x00\xff\xfe\x89PNG\r\n")  # a corrupt file
+    (tmp_path / "fs" / "ctr" / "memory.stat").write_bytes(b"inactive_file \xff\xff\n")
+    _write(tmp_path / "fs", "", {"memory.max": f"{512 * MiB}", "memory.current": f"{100 * MiB}"})
+    with caplog.at_level(logging.WARNING, logger="memexporter"):
+        for _ in range(3):
+            cg = read_cgroup(tmp_path / "fs", proc)
+            assert cg is not None and cg.limit == 512 * MiB  # the readable ancestor still counts
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and "memory.max holds non-text bytes" in said[0] and "no cgroup memory limit" in said[0]
+
+
+@pytest.mark.parametrize("garbage", [b"\xff\xfe0::/\n", b"0::/\n"])
+def test_a_bad_cgroup_file_costs_only_the_cgroup_figure_never_the_host_collector(garbage: bytes, tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_bytes(garbage)
+    (tmp_path / "fs").mkdir()
+    (tmp_path / "fs" / "memory.max").write_bytes(b"12\xff34")
+    (tmp_path / "fs" / "memory.current").write_text("1000")
+    reg = registry_for(sources(host=HostBackend(tmp_path / "fs", proc)))  # type: ignore[arg-type]
+    for _ in range(3):  # every scrape, not only the first
+        assert reg.get_sample_value("memexporter_collector_success", {"rank": "3", "collector": "host"}) == 1
+        limit = reg.get_sample_value("memexporter_host_limit_bytes", {"rank": "3"})
+        assert limit == psutil.virtual_memory().total  # no cgroup limit known: the machine's
+
+
+def test_a_failing_rss_read_shows_on_the_collectors_and_the_rest_stays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # No /proc/self/statm to read, and psutil's memory_info() raising (a sandbox denying it).
+    def denied(self: psutil.Process) -> None:
+        raise psutil.AccessDenied(self.pid, "memory_info")
+
+    monkeypatch.setattr(psutil.Process, "memory_info", denied)
+    host = HostBackend(statm=str(tmp_path / "no-statm"))
+    cuda, nvml = one_gpu()
+    tracker = StepTracker(cuda, host, window=64, warmup_steps=0, host_peak=lambda: 0)
+    tracker.step()  # the step is counted, the failing read too
+    reg = registry_for(sources(cuda, nvml, host, steps=tracker))  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="memexporter"):
+        for _ in range(3):
+            def get(name: str, **labels: str) -> float | None:
+                return reg.get_sample_value(name, {"rank": "3", **labels})
+
+            assert get("memexporter_collector_success", collector="memory") == 0  # the cpu view is gone: said
+            assert get("memexporter_memory_used_bytes", device="cpu") is None
+            assert get("memexporter_memory_used_bytes", device="cuda:0") == 3 * 2**30  # the other device stays
+            assert get("memexporter_collector_success", collector="host") == 0
+            assert get("memexporter_host_rss_bytes") is None
+            assert get("memexporter_host_limit_bytes") is not None
+            assert get("memexporter_host_available_bytes") is not None  # only the failing figure is lost
+            assert get("memexporter_steps_total") == 1 and (get("memexporter_hook_errors_total") or 0) >= 1
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([m for m in said if "reading the process RSS failed" in m]) == 1, said  # once, not per scrape
+    scrape_side = [r for r in caplog.records if "RSS" in r.getMessage() or "collector" in r.getMessage()]
+    assert scrape_side and all(r.exc_info is None for r in scrape_side)  # known failures: one line each, no traceback
