@@ -3,12 +3,19 @@
 - **Pre-mortem.** On the diagnosis' watch tick (training thread), when a device's OOM ETA drops
   under ``PREMORTEM_ETA_S`` or its use passes ``PREMORTEM_UTILISATION`` of its limit, a fresh
   census is taken and the whole ``/debug/memory`` document is written, once per process. It is
-  written before the OOM, so it survives the OOM killer's SIGKILL; each file is written to a
-  temporary name, fsynced and renamed, so a kill mid-write leaves no half file.
-- **CUDA OOM.** The allocator's OOM observer (``backends/torch.py``) writes
+  written before the OOM, so it survives the OOM killer's SIGKILL. A write that fails (a full,
+  read-only or foreign directory) is one line naming the write and the reason, and is retried at
+  later watch ticks with backoff (``RETRY_ATTEMPTS`` in all), so the pre-mortem lands once space
+  returns.
+- **CUDA OOM.** The allocator's OOM observer (``backends/torch.py``) takes
   ``torch.cuda.memory._snapshot()`` (a memory_viz pickle) and the latest findings at each OOM,
-  at most ``MAX_OOM_DUMPS`` times per process, before the exception unwinds and frees memory.
+  at most ``MAX_OOM_DUMPS`` times per process, before the exception unwinds and frees memory,
+  and waits up to ``OOM_WAIT_S`` for them to be on disk (the script's ``except`` may ship them).
   With ``record_history`` the snapshot carries the stack trace of every live block.
+
+The training thread only builds the bytes: ``writer.DumpWriter`` writes, fsyncs and renames them
+on a thread of its own (a 3 s NFS fsync costs a step nothing; at exit, pending files are waited
+for), and the temporary files a killed process left are removed at start (``writer.clean_stale``).
 
 The observer and the history are set up at the first step boundary after the process
 initialises CUDA: before that the allocator has no devices to attach them to.
@@ -16,16 +23,20 @@ initialises CUDA: before that the allocator has no devices to attach them to.
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
 import logging
 import os
 import pickle
-import tempfile
 from typing import Any, Protocol
 
-from memexporter.diagnose.engine import Diagnosis
+from memexporter.diagnose.engine import WATCH_INTERVAL_S, Diagnosis
 from memexporter.diagnose.report import document, oom_view
 from memexporter.diagnose.words import fmt_bytes
+from memexporter.diagnose.writer import DumpWriter, clean_stale, write_atomic
+
+__all__ = ["AllocatorSource", "CudaHooks", "Premortem", "premortem_reason", "write_atomic"]
 
 log = logging.getLogger("memexporter")
 
@@ -33,27 +44,17 @@ PREMORTEM_ETA_S = 300.0
 PREMORTEM_UTILISATION = 0.95
 MAX_OOM_DUMPS = 3
 RECORD_MAX_ENTRIES = 100_000
+OOM_WAIT_S = 10.0
+"""At a CUDA OOM, the longest the allocating thread waits for the dump to be on disk."""
+RETRY_ATTEMPTS = 10
+RETRY_TICKS_MAX = 150
+"""Most watch ticks (``WATCH_INTERVAL_S`` or more each) between two attempts: about 5 minutes."""
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader (or a crash) sees all of it or nothing."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".memexporter-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself must reach the disk
-    finally:
-        os.close(dir_fd)
+def why(error: OSError) -> str:
+    """``No space left on device (ENOSPC)``: the reason in one line, no traceback."""
+    code = errno.errorcode.get(error.errno or 0)
+    return f"{error.strerror or error}" + (f" ({code})" if code else "")
 
 
 def premortem_reason(view: dict[str, dict[str, Any]]) -> str | None:
@@ -69,30 +70,68 @@ def premortem_reason(view: dict[str, dict[str, Any]]) -> str | None:
 
 
 class Premortem:
-    """The watch-tick check that writes the pre-mortem once. ``path`` is set once written."""
+    """The watch-tick check that writes the pre-mortem once. ``path`` is set once written;
+    ``attempts`` counts the writes tried. Cleans ``directory`` of stale temporary files."""
 
-    def __init__(self, diagnosis: Diagnosis, directory: str) -> None:
+    what = "the pre-mortem (its census or document)"  # named by the diagnosis if this raises
+
+    def __init__(self, diagnosis: Diagnosis, directory: str, writer: DumpWriter | None = None) -> None:
         self.diagnosis, self.directory = diagnosis, directory
+        self.writer = writer if writer is not None else diagnosis.writer
         self.path: str | None = None
-        self.done = False
+        self.done = False  # written, or given up
+        self.attempts = 0
+        self.reason: str | None = None
+        self._data: bytes | None = None  # the document, kept for the next attempt
+        self._busy = False  # with the writer thread now
+        self._wait = 0  # watch ticks before the next attempt
+        clean_stale(directory)
 
     def __call__(self, step: int, now: float) -> None:
-        if self.done:
+        if self.done or self._busy:
             return
-        reason = premortem_reason(oom_view(self.diagnosis.sources))
-        if reason is None:
+        if self._data is None:
+            reason = premortem_reason(oom_view(self.diagnosis.sources))
+            if reason is None:
+                return
+            self.done = True  # a census or document that fails is not retried at every tick
+            latest = self.diagnosis.findings
+            if latest is None or latest.census.step != step:
+                self.diagnosis.take(step, reason)
+            doc = document(self.diagnosis, top=1000)
+            doc["reason"] = self.reason = reason
+            self._data = json.dumps(doc, allow_nan=False, indent=1).encode()
+            self.done = False
+        elif self._wait > 0:
+            self._wait -= 1
             return
-        self.done = True  # once, even if writing fails (a full disk must not cost a census per tick)
-        latest = self.diagnosis.findings
-        if latest is None or latest.census.step != step:
-            self.diagnosis.take(step, reason)
-        doc = document(self.diagnosis, top=1000)
-        doc["reason"] = reason
         rank = self.diagnosis.sources.rank
         path = os.path.join(self.directory, f"memexporter-premortem-rank{rank}-pid{os.getpid()}.json")
-        write_atomic(path, json.dumps(doc, allow_nan=False, indent=1).encode())
-        self.path = path
-        log.warning("memexporter: pre-mortem written to %s (%s)", path, reason)
+        self._busy = True
+        self.attempts += 1
+        try:
+            self.writer.submit(path, self._data, self._written)
+        except BaseException:  # no thread to write it (out of threads?): the next tick tries again
+            self._busy = False
+            raise
+
+    def _written(self, path: str, error: OSError | None) -> None:
+        """The writer thread's answer: done, or one line and a later attempt."""
+        try:
+            if error is None:
+                self.path, self.done, self._data = path, True, None
+                log.warning("memexporter: pre-mortem written to %s (%s)", path, self.reason)
+            elif self.attempts >= RETRY_ATTEMPTS:
+                self.done, self._data = True, None
+                log.error("memexporter: could not write the pre-mortem to %s: %s; gave up after %d attempts",
+                          path, why(error), self.attempts)
+            else:
+                self._wait = min(RETRY_TICKS_MAX, 2 ** (self.attempts - 1))
+                log.error("memexporter: could not write the pre-mortem to %s: %s; trying again at a step boundary %.0f s "
+                          "or more from now (attempt %d of %d; training goes on)", path, why(error),
+                          (self._wait + 1) * WATCH_INTERVAL_S, self.attempts, RETRY_ATTEMPTS)
+        finally:
+            self._busy = False
 
 
 class AllocatorSource(Protocol):
@@ -127,21 +166,35 @@ class CudaHooks:
             log.warning("memexporter: CUDA allocator history/OOM observer unavailable: %s", exc)
 
     def on_oom(self, device: int, asked: int, device_limit: int, device_free: int) -> None:
-        """The allocator's OOM observer: write the snapshot and the findings. Never raises."""
+        """The allocator's OOM observer: take the snapshot and the findings now, and hand them to
+        the writer. Never raises."""
         if self.diagnosis.closed or os.getpid() != self._pid or len(self.dumps) >= MAX_OOM_DUMPS or not self.directory:
             return
         try:
             stem = os.path.join(self.directory, f"memexporter-oom-rank{self.diagnosis.sources.rank}"
                                 f"-pid{os.getpid()}-{len(self.dumps) + 1}")
             snapshot = self.backend.memory_snapshot()
-            if snapshot is not None:
-                write_atomic(stem + ".pickle", pickle.dumps(snapshot, protocol=4))
             doc = document(self.diagnosis, top=1000)
             doc["reason"] = f"cuda:{device}: out of memory asking for {asked} bytes ({device_free} free of {device_limit})"
-            write_atomic(stem + ".json", json.dumps(doc, allow_nan=False, indent=1).encode())
+            files = [(stem + ".json", json.dumps(doc, allow_nan=False, indent=1).encode())]
+            if snapshot is not None:
+                files.insert(0, (stem + ".pickle", pickle.dumps(snapshot, protocol=4)))
             self.dumps.append(stem)
-            log.error("memexporter: CUDA OOM on cuda:%d (asked %s, %s free): allocator snapshot and census written to "
-                      "%s.{pickle,json}; open the pickle at https://pytorch.org/memory_viz",
-                      device, fmt_bytes(asked), fmt_bytes(device_free), stem)
+            what = f"CUDA OOM on cuda:{device} (asked {fmt_bytes(asked)}, {fmt_bytes(device_free)} free)"
+            for path, data in files:
+                self.diagnosis.writer.submit(path, data, functools.partial(self._written, what))
+            # Unlike the pre-mortem (written while training is healthy), the OOM dump is waited
+            # for, within a bound: the script's `except OutOfMemoryError:` may read or ship it.
+            self.diagnosis.writer.flush(OOM_WAIT_S)
         except Exception:
-            log.exception("memexporter: could not write the OOM dump")
+            log.exception("memexporter: could not take the OOM dump (allocator snapshot or census document)")
+
+    @staticmethod
+    def _written(what: str, path: str, error: OSError | None) -> None:
+        if error is not None:
+            log.error("memexporter: %s: could not write %s: %s", what, path, why(error))
+        elif path.endswith(".pickle"):
+            log.error("memexporter: %s: allocator snapshot written to %s (open it at https://pytorch.org/memory_viz)",
+                      what, path)
+        else:
+            log.error("memexporter: %s: census and findings written to %s", what, path)

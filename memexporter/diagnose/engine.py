@@ -5,8 +5,10 @@ costs at most ``census_budget`` of the wall time between censuses) it takes a ce
 growing groups and the graphs that span steps, names their holders, and publishes one
 immutable ``Findings``. Every ``WATCH_INTERVAL_S`` it also reads the in-process leak estimate:
 a device whose estimate turns positive gets a census at once (so the holder is named sooner) and,
-once a growing group explains it, one log line. The pre-mortem watch (``premortem.py``) rides
-on the same tick. Nothing here raises into training: failures are counted and logged once.
+once a growing group explains it, one log line. The pre-mortem watch (``dumps.py``) rides
+on the same tick; its files go through ``writer``, a thread of their own, so a slow or full disk
+never holds the training thread. Nothing here raises into training: failures are counted and
+logged once, named for what failed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from memexporter.diagnose import autograd, census, growth, holders
 from memexporter.diagnose.findings import Findings, Named, NamedGraph
 from memexporter.diagnose.report import estimates
 from memexporter.diagnose.words import graph_line, leak_line, unexplained_line
+from memexporter.diagnose.writer import DumpWriter
 from memexporter.scrape import Sources
 
 log = logging.getLogger("memexporter")
@@ -59,6 +62,8 @@ class Diagnosis:
         self.errors = 0
         self.closed = False
         self.watchers: list[Callable[[int, float], None]] = []  # run on the watch tick (pre-mortem)
+        self.writer = DumpWriter()  # files in oom_dump_dir, written off the training thread
+        self._failures_said: set[str] = set()
         self._pid = os.getpid()
         self._history: deque[growth.Point] = deque(maxlen=HISTORY)
         self._costs: deque[tuple[int, int, int, float]] = deque(maxlen=HISTORY)
@@ -78,6 +83,7 @@ class Diagnosis:
         """The step tracker's boundary callback (training thread). Never raises."""
         if self.closed or os.getpid() != self._pid:
             return
+        watch, now = False, 0.0
         try:
             now = self._clock()
             if self._mark is None:
@@ -91,11 +97,14 @@ class Diagnosis:
                 self.take(step, "the leak estimate turned positive", prompt=True)
             elif step >= self.next_step:
                 self.take(step)
-            if watch:
-                for watcher in self.watchers:
-                    watcher(step, now)
         except Exception:
-            self._failed()
+            self._failed("the tensor census")
+        if watch:
+            for watcher in self.watchers:
+                try:
+                    watcher(step, now)
+                except Exception:
+                    self._failed(getattr(watcher, "what", "a diagnosis watcher"))
 
     def _watch_leak(self) -> bool:
         """Refresh the positive devices; True when one just turned positive (census it now)."""
@@ -183,11 +192,14 @@ class Diagnosis:
             log.warning(graph_line(f.graphs[0], sum(g.graph.count for g in f.graphs)))
             self._graphs_said = True
 
-    def _failed(self) -> None:
+    def _failed(self, what: str) -> None:
         self.errors += 1
-        if self.errors == 1:
-            log.exception("memexporter: the tensor census failed; counting further failures silently")
+        if what not in self._failures_said:
+            self._failures_said.add(what)
+            log.exception("memexporter: %s failed; counting further failures silently", what)
 
     def close(self) -> None:
-        """Stop taking censuses (the exporter stopped). The findings stay readable."""
+        """Stop taking censuses (the exporter stopped). The findings stay readable; files handed
+        to the writer are still written."""
         self.closed = True
+        self.writer.close()

@@ -141,6 +141,7 @@ def test_premortem_is_written_once_when_use_passes_95_percent(tmp_path: Path) ->
     assert premortem.path is None
     loop.host.value = replace(loop.host.value, rss=int(0.96 * 1e10), available=int(0.03 * 1e10))
     loop.run(3)
+    assert premortem.writer.flush(10)  # written off the training thread
     assert premortem.path is not None and os.path.dirname(premortem.path) == str(tmp_path)
     doc = json.loads(Path(premortem.path).read_text())
     assert doc["reason"].startswith("cpu: 97.0 % of the limit in use")
@@ -202,7 +203,7 @@ def test_cuda_hooks_wait_for_cuda_then_dump_at_most_three_ooms(tmp_path: Path) -
     assert alloc.history == [100_000] and alloc.observers == [hooks.on_oom]
     for _ in range(5):
         alloc.observers[0](0, 4 * MiB, 80 * 1024 * MiB, MiB)
-    assert len(hooks.dumps) == 3
+    assert len(hooks.dumps) == 3 and loop.diagnosis.writer.flush(10)  # written off the training thread
     stem = hooks.dumps[0]
     assert pickle.loads(Path(stem + ".pickle").read_bytes())["segments"][0]["blocks"][0]["size"] == 2 * MiB
     assert json.loads(Path(stem + ".json").read_text())["reason"].startswith("cuda:0: out of memory asking for 4194304")
