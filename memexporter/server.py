@@ -1,8 +1,9 @@
-"""The HTTP endpoint: prometheus_client's WSGI app behind a router, on a hardened server.
+"""The HTTP endpoint: the exposition behind a router, on a hardened server with a CPU budget.
 
-prometheus_client's ``make_wsgi_app`` (text, or OpenMetrics when the scraper's ``Accept`` asks
-for it) behind a small router: ``/metrics``, ``/`` (a landing page), ``/healthz`` and any extra
-``Route``; anything else is a 404. The server under it is ``memexporter.serving``: a bounded
+``/metrics`` (``serving.exposition``: prometheus_client's encoders, text or OpenMetrics as the
+scraper's ``Accept`` asks, cached per variant while the server is busy), ``/`` (a landing page),
+``/healthz`` and any extra ``Route`` (``serving.router``); anything else is a 404. The server
+under it is ``memexporter.serving``: a CPU budget for everything clients trigger, a bounded
 number of connections, one deadline per connection, TLS handshakes that cannot block the
 acceptor, nothing on the job's stderr, and a ``stop()`` that closes every connection at once.
 
@@ -15,75 +16,21 @@ TLS on the listening socket, so one silent client blocks every handshake.
 from __future__ import annotations
 
 import errno
-import html
 import socket
 import ssl
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.registry import Collector
 
+from memexporter.serving.budget import Budget
 from memexporter.serving.conn import ConnectionStats
+from memexporter.serving.exposition import Exposition
 from memexporter.serving.handler import WSGIApp, answerer
 from memexporter.serving.listener import BACKLOG, DEADLINE, Listener
+from memexporter.serving.router import Route, router
 
 __all__ = ["Route", "Server", "WSGIApp", "router", "serve", "tls_context", "url"]
-
-
-@dataclass(frozen=True)
-class Route:
-    """An extra endpoint (``/debug/memory``, say): its WSGI app and the landing page's line for it."""
-
-    app: WSGIApp
-    description: str
-
-
-def _landing(title: str, routes: Mapping[str, Route]) -> bytes:
-    t = html.escape(title)
-    links = [("metrics", "Prometheus metrics"), ("healthz", "liveness")]
-    links += [(path.lstrip("/"), route.description) for path, route in routes.items()]
-    items = "".join(f'<li><a href="{html.escape(href)}">/{html.escape(href)}</a>: {html.escape(text)}</li>'
-                    for href, text in links)
-    return (
-        f"<!doctype html><html><head><title>{t}</title></head><body><h1>{t}</h1>"
-        f"<p>In-process memory exporter for PyTorch training.</p><ul>{items}</ul>"
-        '<p>Docs: <a href="https://github.com/memexporter/memexporter">memexporter</a></p>'
-        "</body></html>\n"
-    ).encode()
-
-
-def router(metrics_app: WSGIApp, title: str, routes: Mapping[str, Route] | None = None) -> WSGIApp:
-    """Route ``/``, ``/healthz``, ``/metrics`` and ``routes`` (exact paths); 404 elsewhere, 405 for
-    methods other than GET/HEAD. An extra route's app sees the WSGI environ as is (``REMOTE_ADDR``
-    is the peer's address) and answers HEAD itself."""
-    routes = dict(routes or {})
-    landing = _landing(title, routes)
-
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        method = environ.get("REQUEST_METHOD", "GET")
-        if method not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Type", "text/plain")])
-            return [b"method not allowed\n"]
-        head = method == "HEAD"
-        if path == "/metrics":
-            if head:  # prometheus_client answers HEAD with 405: ask it for GET, send no body
-                list(metrics_app({**environ, "REQUEST_METHOD": "GET"}, start_response))
-                return []
-            return metrics_app(environ, start_response)
-        if path == "/healthz":
-            start_response("200 OK", [("Content-Type", "text/plain")])
-            return [] if head else [b"ok\n"]
-        if path in ("", "/"):
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [] if head else [landing]
-        if path in routes:
-            return routes[path].app(environ, start_response)
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found; try /metrics\n"]
-
-    return app
 
 
 @dataclass
@@ -94,10 +41,15 @@ class Server:
     addr: str
     port: int
     tls: bool
+    exposition: Exposition | None = None  # /metrics (``renders`` counts them)
 
     @property
     def stats(self) -> ConnectionStats:
         return self.listener.stats
+
+    @property
+    def budget(self) -> Budget:
+        return self.listener.budget
 
     @property
     def url(self) -> str:
@@ -171,18 +123,21 @@ def _listening_socket(addr: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(registry: CollectorRegistry, port: int, addr: str, certfile: str | None = None,
+def serve(registry: Collector, port: int, addr: str, certfile: str | None = None,
           keyfile: str | None = None, title: str = "memexporter", routes: Mapping[str, Route] | None = None,
-          stats: ConnectionStats | None = None, deadline: float = DEADLINE) -> Server:
+          stats: ConnectionStats | None = None, deadline: float = DEADLINE, budget: Budget | None = None) -> Server:
     """Bind and serve in a daemon thread, without blocking on DNS or on any client.
 
     Raises ``ValueError`` for a bad address or bad TLS files, ``OSError`` when binding fails
     otherwise (the port is taken, say).
     """
     context = tls_context(certfile, keyfile) if certfile and keyfile else None
-    app = router(make_wsgi_app(registry), title, routes)
+    budget = budget or Budget()
+    exposition = Exposition(registry, budget)
+    app = router(exposition, title, routes, budget)
     sock = _listening_socket(addr, port)
     bound = int(sock.getsockname()[1])
-    listener = Listener(sock, answerer(app, bound), stats or ConnectionStats(), context, deadline=deadline)
+    listener = Listener(sock, answerer(app, bound), stats or ConnectionStats(), context, deadline=deadline,
+                        budget=budget)
     listener.start()
-    return Server(listener=listener, addr=addr, port=bound, tls=context is not None)
+    return Server(listener=listener, addr=addr, port=bound, tls=context is not None, exposition=exposition)

@@ -1,3 +1,6 @@
 """The exporter's HTTP server: ``listener`` (accept, read, bound, deadlines), ``conn`` (one
-connection and its deadline-bound I/O, the dropped-connection counts), ``handler`` (the standard
-library's HTTP parsing and wsgiref, made quiet). ``memexporter.server`` puts the app on it."""
+connection, the dropped-connection counts) and ``stream`` (its deadline-bound reads and writes),
+``workers`` (the threads that answer), ``handler`` (the standard library's HTTP parsing and
+wsgiref, made quiet), ``budget`` (the CPU budget and rate limits), ``router`` (the routes, HEAD,
+429) and ``exposition`` (``/metrics``, cached while the server is busy). ``memexporter.server``
+puts them together."""

@@ -1,4 +1,5 @@
-"""One accepted connection: its deadline, its deadline-bound I/O, and the counts of dropped ones.
+"""One accepted connection: its deadline, its streams (``stream.py``), and the counts of
+dropped ones.
 
 A connection has one total deadline from accept. Every read and write the worker makes sets the
 socket's timeout to what is left of it, so a client that trickles a byte a second still hits the
@@ -17,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+from memexporter.serving.stream import Reader, Writer
+
 try:
     import resource
 except ImportError:  # not on Windows; the descriptor reserve is then off
@@ -30,6 +33,7 @@ REASONS: dict[str, str] = {
     "tls": "the TLS handshake failed",
     "evicted": "a slow client dropped at the connection cap to make room for a waiting one",
     "fd_limit": "refused near the process's descriptor limit",
+    "write": "the client closed or reset it while its answer was being written",
     "error": "anything else, logged at debug level",
 }
 
@@ -77,6 +81,7 @@ class Conn:
         self.deadline = accepted + deadline
         self.head = b""  # bytes read before the worker took over
         self.handshaking = False  # TLS handshake not done yet
+        self.failure: str | None = None  # the ``REASONS`` value writing the answer failed with
         self._lock = threading.Lock()
         self._closed = False
         self._cut = False
@@ -117,10 +122,10 @@ class Conn:
         return left
 
     def reader(self) -> io.BufferedReader:
-        return io.BufferedReader(_Reader(self))
+        return io.BufferedReader(Reader(self))
 
-    def writer(self) -> _Writer:
-        return _Writer(self)
+    def writer(self) -> Writer:
+        return Writer(self)
 
     def cut(self) -> None:
         """From another thread (``stop()``): wake a worker blocked on this client, at once.
@@ -143,10 +148,13 @@ class Conn:
             with contextlib.suppress(OSError):
                 self.sock.close()
 
-    def reason(self, exc: BaseException) -> str | None:
-        """Why an answer failed, as a ``REASONS`` value; None when ``stop()`` cut it."""
+    def reason(self, exc: BaseException | None) -> str | None:
+        """Why an answer failed (``exc``: what it raised, None: nothing), as a ``REASONS``
+        value; None when it did not fail, or when ``stop()`` cut it."""
         if self._cut:
             return None
+        if self.failure is not None or exc is None:  # wsgiref swallows a reset while writing: read it here
+            return self.failure
         if isinstance(exc, TimeoutError):
             return "timeout"
         if isinstance(exc, ssl.SSLError):
@@ -154,42 +162,3 @@ class Conn:
         if isinstance(exc, OSError):
             return "reset"
         return "error"
-
-
-class _Reader(io.RawIOBase):
-    """The rest of the request: first what the acceptor buffered, then the socket, each
-    ``recv`` bounded by what is left of the deadline."""
-
-    def __init__(self, conn: Conn) -> None:
-        self._conn = conn
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        conn = self._conn
-        if conn.head:
-            n = min(len(view), len(conn.head))
-            view[:n] = conn.head[:n]
-            conn.head = conn.head[n:]
-            return n
-        conn.sock.settimeout(conn.remaining())
-        return conn.sock.recv_into(view)
-
-
-class _Writer(io.BufferedIOBase):
-    """The response, sent within what is left of the deadline (``sendall`` takes the timeout as
-    a total, not per chunk)."""
-
-    def __init__(self, conn: Conn) -> None:
-        self._conn = conn
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        conn = self._conn
-        conn.sock.settimeout(conn.remaining())
-        conn.sock.sendall(data)
-        return len(data)

@@ -1,10 +1,12 @@
 """Answer one request on a connection with the standard library's HTTP parsing and wsgiref.
 
 No hand-written HTTP parsing: ``http.server`` parses the request line and headers and wsgiref
-runs the WSGI app. What changes: reads and writes go through the connection's deadline, every
-unparseable request gets a real 400, ``REMOTE_ADDR`` is the peer's address (IPv4-mapped IPv6
-given as IPv4, so a loopback check sees ``127.0.0.1``), and nothing is written to the job's
-stderr: no access log, and a failure is logged at debug level.
+runs the WSGI app. What changes: reads and writes go through the connection's deadline (the
+answer in one ``send()``), every unparseable request gets a real 400, an absolute-form target
+(``GET http://host:9400/metrics``, RFC 9112 3.2.2) is served as its path, ``REMOTE_ADDR`` is the
+peer's address (IPv4-mapped IPv6 given as IPv4, so a loopback check sees ``127.0.0.1``), the
+app's environ carries no copy of ``os.environ``, and nothing is written to the job's stderr: no
+access log, and a failure is logged at debug level.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import socket
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import urlsplit
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler
 
 from memexporter.serving.conn import Conn
@@ -41,6 +44,7 @@ class _DebugStream:
 
 class _QuietServerHandler(ServerHandler):
     multithread = True
+    os_environ = {}  # noqa: RUF012  # wsgiref copies the process's environment into each request's
 
     def log_exception(self, exc_info: Any) -> None:
         # wsgiref prints the traceback on stderr; one per failing request would flood the job's.
@@ -81,10 +85,19 @@ class Handler(WSGIRequestHandler):
     def setup(self) -> None:
         self.connection = self.request.sock
         self.rfile = self.request.reader()
-        self.wfile = self.request.writer()
+        self.out = self.request.writer()
+        self.wfile = self.out
 
     def finish(self) -> None:
-        self.wfile.flush()
+        self.out.drain()
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self.path[:1] != "/" and "://" in self.path[:10]:  # absolute-form: keep the path and query
+            parts = urlsplit(self.path)
+            self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        return True
 
     def handle(self) -> None:
         # WSGIRequestHandler.handle, with our quiet wsgiref handler and errors stream.

@@ -4,6 +4,9 @@ One acceptor thread owns the listening socket and every connection still sending
 (non-blocking, in a selector: a silent or trickling client costs a descriptor, never a thread).
 A connection whose request head has arrived goes to the workers (``workers.Workers``).
 
+- **A CPU budget** (``budget.Budget``): the acceptor's and the workers' CPU time is charged to
+  it, and while it is in debt nothing is accepted: a flood waits in the kernel's listen queue
+  (FIFO, so a scraper's connection still comes in its turn), whose limit pushes back on it.
 - **Bounded.** At most ``cap`` connections are open. At the cap the acceptor stops accepting:
   new connections wait in the kernel's listen queue, which holds no descriptor of ours. When one
   waits there, the oldest connection that has been sending its request for ``EVICT_AFTER``
@@ -30,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from memexporter.serving.budget import RESUME, Budget, Meter
 from memexporter.serving.conn import READY, Conn, ConnectionStats, fd_limit
 from memexporter.serving.workers import WORKERS, Workers
 
@@ -60,12 +64,14 @@ class Listener:
     """Serves ``sock`` (bound, listening): ``answer(conn)`` answers one request in a worker."""
 
     def __init__(self, sock: socket.socket, answer: Callable[[Conn], None], stats: ConnectionStats,
-                 context: ssl.SSLContext | None = None, *, deadline: float = DEADLINE) -> None:
+                 context: ssl.SSLContext | None = None, *, deadline: float = DEADLINE,
+                 budget: Budget | None = None) -> None:
         self.sock, self.stats, self._context, self.deadline = sock, stats, context, deadline
+        self.budget = budget or Budget()
         self.cap, self.reserve = limits()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        self.workers = Workers(answer, stats, self._wake)
+        self.workers = Workers(answer, stats, self._wake, self.budget)
         self._reading: dict[int, Conn] = {}  # fd -> connection; the acceptor thread's alone
         self._closing = False
         self._resume_at = 0.0
@@ -84,8 +90,10 @@ class Listener:
         sel = selectors.PollSelector() if hasattr(selectors, "PollSelector") else selectors.DefaultSelector()
         sel.register(self._wake_r, selectors.EVENT_READ)
         listening = False
+        meter = Meter(self.budget)
         try:
             while not self._closing:
+                meter.tick()
                 if (want := self._listen_wanted()) != listening:
                     if want:
                         sel.register(self.sock, selectors.EVENT_READ)
@@ -115,8 +123,11 @@ class Listener:
         return len(self._reading) + self.workers.held()
 
     def _listen_wanted(self) -> bool:
-        """Watch the listening socket unless paused, or at the cap with no slow reader to evict."""
+        """Watch the listening socket unless paused (the budget in debt, or a failed accept), or
+        at the cap with no slow reader to evict."""
         now = time.monotonic()
+        if (wait := self.budget.wait(RESUME)) > 0:
+            self._resume_at = max(self._resume_at, now + wait)
         if now < self._resume_at:
             return False
         return self._open() < self.cap or any(now - c.accepted >= EVICT_AFTER for c in self._reading.values())

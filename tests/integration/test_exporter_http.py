@@ -115,7 +115,7 @@ def test_taken_port_logs_loudly_and_training_goes_on(caplog: pytest.LogCaptureFi
         assert exp.port is None and exp.url is None
         msg = " ".join(r.getMessage() for r in caplog.records)
         assert str(port) in msg and "MEMEXPORTER_PORT" in msg and "dcgm-exporter" in msg
-        assert "already in use" in msg and "start(port=...)" in msg  # the cause, and the knob for API users
+        assert "already in use" in msg and f"the argument port={port} in the code" in msg  # the cause, and the knob
         model = torch.nn.Linear(4, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randn(2, 4)).sum().backward()
@@ -336,13 +336,63 @@ def test_raising_collector_over_http_costs_only_its_series(monkeypatch: pytest.M
     assert 'memexporter_memory_used_bytes{device="cpu",rank="0"}' in body
 
 
-def test_head_requests() -> None:
+def raw(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """``request`` as is on a fresh connection: the status, the headers and every byte after them."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.parametrize(("path", "status"), [("/metrics", 200), ("/healthz", 200), ("/", 200), ("/nope", 404)])
+def test_head_carries_the_gets_content_length_and_no_body(path: str, status: int) -> None:
+    # Before: HEAD /nope sent the 404's body, and every HEAD said Content-Length: 0.
     exp = memexporter.start(port=0, addr="127.0.0.1")
-    for path in ("/metrics", "/healthz", "/"):
-        req = urllib.request.Request(base(exp) + path, method="HEAD")
-        with urllib.request.urlopen(req, timeout=5) as r:
-            assert r.status == 200, path
-            assert r.read() == b"", path
+    assert exp.port is not None
+    got, headers, body = raw(exp.port, f"HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    assert (got, body) == (status, b"")
+    length = int(headers["content-length"])
+    get_status, get_headers, get_body = raw(exp.port, f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    assert get_status == status and get_headers["content-type"] == headers["content-type"]
+    if path == "/metrics":  # the values move between the two requests; the size barely
+        assert abs(length - len(get_body)) < 200 and length > 1000
+    else:
+        assert length == len(get_body) > 0
+
+
+def test_absolute_form_request_target_is_served_as_its_path() -> None:
+    # RFC 9112 3.2.2: a server must accept "GET http://host:port/path"; before, a 404.
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    assert exp.port is not None
+    status, _, body = raw(exp.port, f"GET http://127.0.0.1:{exp.port}/metrics HTTP/1.1\r\n"
+                                    f"Host: 127.0.0.1:{exp.port}\r\nConnection: close\r\n\r\n".encode())
+    assert status == 200 and b'memexporter_memory_used_bytes{device="cpu",rank="0"}' in body
+    status, _, body = raw(exp.port, b"GET HTTP://Trainer-0:9400/healthz?x=1 HTTP/1.0\r\n\r\n")
+    assert (status, body) == (200, b"ok\n")
+
+
+@pytest.mark.parametrize("accept", ["", "application/openmetrics-text; version=1.0.0"])
+def test_name_filter_returns_only_the_named_samples(accept: str) -> None:
+    # Before: an empty 200 for any name[] (prometheus_client looks the names up among what
+    # collectors describe at registration, and ours describes nothing).
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    status, _, body = get(base(exp) + "/metrics?name[]=memexporter_steps_total&name%5B%5D=memexporter_build_info",
+                          {"Accept": accept} if accept else None)
+    assert status == 200
+    samples = [line for line in body.splitlines() if line and not line.startswith("#")]
+    assert sorted(line.split("{")[0] for line in samples) == ["memexporter_build_info", "memexporter_steps_total"]
+    assert 'memexporter_steps_total{rank="0"} 3.0' in body
+    assert body.endswith("# EOF\n") == bool(accept)
 
 
 def test_idle_client_does_not_block_tls_scrapes_or_stop(tls_files: tuple[Path, Path]) -> None:

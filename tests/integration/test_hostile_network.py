@@ -4,22 +4,30 @@ loopback, in this process or in a child whose stderr and descriptors the test in
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
+from prometheus_client import CollectorRegistry
 
 import memexporter
-from memexporter.serving import listener
+from memexporter import server
+from memexporter.serving import budget, listener
 from tests.support.hostile import burst, open_fds, reset_connection, trickle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,3 +214,176 @@ def test_open_descriptors_return_to_the_baseline_after_stop() -> None:
     for s in held:
         s.close()
     assert open_fds() == before
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, f"not within {timeout:.0f} s: {what}"
+        time.sleep(0.02)
+
+
+BIG = 16 * 1024 * 1024  # more than the kernel's buffers on both sides hold
+
+
+def big(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    start_response("200 OK", [("Content-Type", "application/octet-stream")])
+    return [b"x" * BIG]
+
+
+@pytest.mark.parametrize(("how", "reason"), [("reset", "write"), ("stops reading", "timeout")])
+def test_a_client_lost_while_its_answer_is_written_is_counted(how: str, reason: str) -> None:
+    # Before: wsgiref swallowed the reset (and the timeout) while writing: not counted at all.
+    srv = server.serve(CollectorRegistry(), 0, "127.0.0.1", routes={"/big": server.Route(big, "16 MiB")},
+                       deadline=2.0 if how == "stops reading" else listener.DEADLINE)
+    client = socket.socket()
+    try:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", srv.port))
+        client.sendall(b"GET /big HTTP/1.0\r\n\r\n")
+        assert client.recv(64).startswith(b"HTTP/1.0 200")  # the answer is being written
+        if how == "reset":
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()
+        wait_for(lambda: sum(srv.stats.dropped().values()) > 0, 15, "the lost connection counted")
+        time.sleep(0.1)  # nothing else comes
+        assert {k: v for k, v in srv.stats.dropped().items() if v} == {reason: 1}
+    finally:
+        client.close()
+        srv.stop()
+
+
+# A training job: one (cheap) step every 10 ms, its exporter on loopback. It prints its port.
+JOB = """
+import select, sys
+import memexporter
+e = memexporter.start(port=0, addr="127.0.0.1")
+print(e.port, flush=True)
+while not select.select([sys.stdin], [], [], 0.01)[0]:
+    memexporter.step()
+e.stop()
+"""
+
+
+def flood(port: int, path: str, until: threading.Event, answers: Counter[bytes]) -> None:
+    """Valid requests back to back, one connection each, until ``until``."""
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+    while not until.is_set():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(request)
+                first = s.recv(65536)
+                while s.recv(65536):
+                    pass
+            answers[first[9:12]] += 1
+        except OSError:
+            answers[b"error"] += 1
+
+
+def steps_total(port: int) -> tuple[float, float]:
+    """``(seconds the scrape took, memexporter_steps_total)``, as Prometheus asks for it."""
+    t0 = time.monotonic()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={
+        "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3",
+        "Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read()
+        if r.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    found = re.search(rb"^memexporter_steps_total\{[^}]*\} (\S+)", body, re.M)
+    assert found, body[:300]
+    return time.monotonic() - t0, float(found.group(1))
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz"])
+def test_a_request_flood_costs_the_job_at_most_the_cpu_budget_and_scrapes_stay_fresh(path: str) -> None:
+    # Before: 4 threads flooding took most of a core in the job's process (x1.7 to x4.5 step time).
+    job = subprocess.Popen([sys.executable, "-c", JOB], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert job.stdout is not None
+        port = int(job.stdout.readline())
+        proc = psutil.Process(job.pid)
+
+        def cpu() -> float:
+            times = proc.cpu_times()
+            return float(times.user + times.system)
+
+        steps_total(port)
+        c0, t0 = cpu(), time.monotonic()
+        time.sleep(1.0)  # what the job costs without a flood
+        quiet = (cpu() - c0) / (time.monotonic() - t0)
+        until, answers = threading.Event(), Counter[bytes]()
+        threads = [threading.Thread(target=flood, args=(port, path, until, answers)) for _ in range(4)]
+        c0, t0 = cpu(), time.monotonic()
+        for t in threads:
+            t.start()
+        scrapes = []
+        try:
+            for _ in range(5):  # a Prometheus with scrape_interval: 1s
+                started = time.monotonic()
+                scrapes.append(steps_total(port))
+                time.sleep(max(0.0, started + 1.0 - time.monotonic()))
+        finally:
+            until.set()
+            for t in threads:
+                t.join()
+        elapsed = time.monotonic() - t0
+        spent = cpu() - c0 - quiet * elapsed
+    finally:
+        job.kill()
+        job.wait()
+    allowed = budget.BURST + budget.SHARE * elapsed
+    assert spent < allowed + 0.2, f"the flood cost the job {spent:.2f} CPU s in {elapsed:.1f} s; {answers}"
+    assert answers[b"200"] > 10 * elapsed, answers  # it is served, slowly
+    took = [s[0] for s in scrapes]
+    assert max(took) < 1.0, f"scrapes took {took}"
+    values = [s[1] for s in scrapes]
+    assert sorted(set(values)) == values, f"steps_total did not advance between scrapes: {values}"
+
+
+class FrozenClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_while_the_cpu_budget_is_in_debt_nothing_is_accepted() -> None:
+    clock = FrozenClock()
+    spent = budget.Budget(share=1.0, burst=0.5, max_debt=1.0, clock=clock)
+    spent.charge(1.5)  # a second in debt, on a clock that only the test moves
+    srv = server.serve(CollectorRegistry(), 0, "127.0.0.1", budget=spent)
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:  # the kernel's queue takes it
+            s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            s.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                s.recv(64)  # not accepted, so not answered (an absence: only a wait shows it)
+            clock.now += 2.0  # the budget is back
+            s.settimeout(10)
+            assert s.recv(64).startswith(b"HTTP/1.0 200")
+    finally:
+        srv.stop()
+
+
+def test_extra_routes_above_their_rate_limit_get_429_with_retry_after() -> None:
+    def tiny(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"debug\n"]
+
+    srv = server.serve(CollectorRegistry(), 0, "127.0.0.1", routes={"/debug/x": server.Route(tiny, "x")})
+    try:
+        answers: list[bytes] = []
+        while len(answers) < 50 and not (answers and answers[-1].startswith(b"HTTP/1.0 429")):
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+                s.sendall(b"GET /debug/x HTTP/1.0\r\n\r\n")
+                answers.append(s.makefile("rb").read())
+        statuses = [a.split()[1] for a in answers]
+        assert statuses[:5] == [b"200"] * 5 and statuses[-1] == b"429", statuses  # 5 at once, then 1 a second
+        assert b"\r\nRetry-After: 1\r\n" in answers[-1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics", timeout=10) as r:
+            assert r.status == 200  # /metrics is not limited by it
+    finally:
+        srv.stop()
