@@ -24,6 +24,7 @@ from memexporter.diagnose.engine import Diagnosis
 from memexporter.diagnose.report import DEFAULT_TOP, document
 from memexporter.diagnose.token import TOKEN_ENV, DebugToken, runtime_dirs
 from memexporter.server import Route, WSGIApp
+from memexporter.serving.router import ADMIT, too_many
 
 StartResponse = Callable[..., Any]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -93,6 +94,10 @@ def guarded(app: WSGIApp, allow: Sequence[str], token: DebugToken | None) -> WSG
         if token is not None and not token.accepts(presented(environ)):
             return _plain(start_response, "403 Forbidden", token_hint(token), head,
                           [("WWW-Authenticate", 'Bearer realm="memexporter /debug"')])
+        # The shared rate limit (serving/router.py), only now: a refused client spent no turn.
+        admit = environ.get(ADMIT)
+        if callable(admit) and (wait := float(admit())) > 0:
+            return too_many(wait)(environ, start_response)
         return app(environ, start_response)
 
     return wrapper
@@ -146,11 +151,13 @@ def snapshot_app(snapshot: Callable[[], dict[str, Any] | None], rank: str) -> WS
 
 def routes(diagnosis: Diagnosis, snapshot: Callable[[], dict[str, Any] | None], allow: Sequence[str],
            token: DebugToken | None) -> dict[str, Route]:
-    """The debug routes, each behind the peer check and the token."""
+    """The debug routes, each behind the peer check and the token, then the shared rate limit."""
     rank = diagnosis.sources.rank
     return {
         "/debug/memory": Route(guarded(memory_app(diagnosis), allow, token),
-                               "tensor census, growing groups and their holders, OOM view (JSON; needs the token)"),
+                               "tensor census, growing groups and their holders, OOM view (JSON; needs the token)",
+                               admits=True),
         "/debug/snapshot": Route(guarded(snapshot_app(snapshot, rank), allow, token),
-                                 "CUDA allocator snapshot (pickle for pytorch.org/memory_viz; needs the token)"),
+                                 "CUDA allocator snapshot (pickle for pytorch.org/memory_viz; needs the token)",
+                                 admits=True),
     }

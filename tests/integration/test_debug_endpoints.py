@@ -261,6 +261,20 @@ def test_the_endpoints_need_the_processs_token_and_metrics_does_not() -> None:
     assert refused.value.code == 403 and refused.value.headers["WWW-Authenticate"].startswith("Bearer")
 
 
+def test_requests_without_the_token_spend_none_of_the_owners_turns(runtime_dir: Path) -> None:
+    # The /debug routes share one request rate (1 a second, 5 at once). Another local user, who
+    # has no token, could otherwise keep them at 429 for the job's owner.
+    exp = memexporter.start(port=0, addr="127.0.0.1", debug=True, strict=True)
+    base, token = f"http://127.0.0.1:{exp.port}", token_of(exp)
+    for _ in range(30):  # a flood without the token: each one refused, none counted
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(base + "/debug/memory", timeout=10)
+        assert refused.value.code == 403
+    req = urllib.request.Request(base + "/debug/memory", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:  # no waiting: the owner's turn is there
+        assert r.status == 200
+
+
 def test_the_token_file_is_the_users_alone_named_by_pid_and_port_and_removed_at_stop(runtime_dir: Path) -> None:
     port = free_port()
     exp = memexporter.start(port=port, addr="127.0.0.1", debug=True, strict=True)
