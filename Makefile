@@ -9,7 +9,7 @@ gpu-check:
 lint:
 	.venv/bin/python -m ruff check memexporter tests benchmarks && .venv/bin/python -m mypy
 bench:
-	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py && .venv/bin/python benchmarks/bench_modules.py && .venv/bin/python benchmarks/bench_phases.py && OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py && .venv/bin/python benchmarks/alert_lead_times.py
+	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py && .venv/bin/python benchmarks/bench_modules.py && .venv/bin/python benchmarks/bench_phases.py && .venv/bin/python benchmarks/bench_flood.py && OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py && .venv/bin/python benchmarks/alert_lead_times.py
 rules:
 	.venv/bin/python -m memexporter rules --output alerts/memexporter.rules.yml
 scenarios:
