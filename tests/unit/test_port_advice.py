@@ -14,7 +14,7 @@ import pytest
 
 import memexporter
 from memexporter import cli, environment
-from memexporter.exporter import PortAdvice
+from memexporter.binding import PortAdvice
 from tests.support.ports import free_port
 
 
