@@ -81,7 +81,7 @@ def test_no_strict_overrides_the_environment(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("env", "taken", "message"), [
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "MEMEXPORTER_OTEL": "1"}, False,
      "OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not an OTLP protocol"),
-    ({}, True, "is already in use. Pick another base port with --port"),
+    ({}, True, "is already in use; it comes from --port"),
 ])
 def test_strict_start_failures_are_one_line_and_the_script_does_not_run(env: dict[str, str], taken: bool, message: str,
                                                                        tmp_path: Path) -> None:
