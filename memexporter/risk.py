@@ -50,6 +50,12 @@ class OomRisk:
     phase: str
     step: int
 
+    def describe(self) -> str:
+        """One line for the job's log: where, why, how full, how soon."""
+        eta = "none" if math.isinf(self.eta_seconds) else f"{self.eta_seconds:.0f} s"
+        return (f"OOM risk on {self.device} ({self.reason}: {self.phase} peak {self.peak_bytes / 2**20:.0f} MiB of a "
+                f"{self.limit_bytes / 2**20:.0f} MiB limit, used {self.used_bytes / 2**20:.0f} MiB, ETA {eta})")
+
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -126,9 +132,7 @@ class RiskWatch:
             self._fired = self._fired or fire
         if not fire or risk is None:
             return
-        log.warning("memexporter: OOM risk on %s (%s: peak %.0f MiB of %.0f MiB, ETA %s): running %d on_oom_risk "
-                    "callback(s)", risk.device, risk.reason, risk.peak_bytes / 2**20, risk.limit_bytes / 2**20,
-                    "none" if math.isinf(risk.eta_seconds) else f"{risk.eta_seconds:.0f} s", len(self._callbacks()))
+        log.warning("memexporter: %s: running %d on_oom_risk callback(s)", risk.describe(), len(self._callbacks()))
         for fn in self._callbacks():
             try:
                 fn(risk)

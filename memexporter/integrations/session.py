@@ -13,7 +13,6 @@ import contextlib
 import importlib
 import inspect
 import logging
-import math
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -233,8 +232,4 @@ class Session:
         risk = self.take_risk()
         if not noted:
             return None
-        if risk is None:
-            return "OOM risk on another rank"
-        eta = "none" if math.isinf(risk.eta_seconds) else f"{risk.eta_seconds:.0f} s"
-        return (f"OOM risk on {risk.device} ({risk.reason}: peak {risk.peak_bytes / 2**20:.0f} MiB of a "
-                f"{risk.limit_bytes / 2**20:.0f} MiB limit, used {risk.used_bytes / 2**20:.0f} MiB, ETA {eta})")
+        return "OOM risk on another rank" if risk is None else risk.describe()
