@@ -64,6 +64,29 @@ def ones(nbytes: int) -> Any:
     return torch.ones(nbytes // 4, dtype=torch.float32)
 
 
+def check_phases_and_peaks(got: Samples, steps: list[tuple[int, bool, Samples]], evaluation: str) -> None:
+    """After a run: no phase left open; the last evaluation peaked EVAL_EXTRA above the last
+    training step (within 5 %); and, the issue's headline, every step's peak (``steps``: global
+    step, whether it came right after ``evaluation``, the scrape then) stays near the first
+    step's, never at the evaluation's high-water mark."""
+    for phase in ("train", "eval", "checkpoint"):
+        assert got.need("memexporter_phase_active", phase=phase) == 0, phase
+
+    eval_peak = got.need("memexporter_phase_peak_bytes", phase="eval", device="cpu")
+    train_peak = got.need("memexporter_phase_peak_bytes", phase="train", device="cpu")
+    print(f"eval peak {eval_peak / MiB:.1f} MiB, train peak {train_peak / MiB:.1f} MiB, "
+          f"difference {(eval_peak - train_peak) / MiB:.2f} MiB")
+    assert EVAL_EXTRA * 0.95 <= eval_peak - train_peak <= EVAL_EXTRA * 1.05
+
+    peaks = [(g, after, s.need("memexporter_memory_peak_bytes", device="cpu")) for g, after, s in steps]
+    print("step peaks (MiB):", [(g, after, round(p / MiB, 1)) for g, after, p in peaks])
+    assert sum(after for _, after, _ in peaks) >= 4, peaks
+    first = peaks[0][2]  # before any evaluation (Lightning's sanity check aside)
+    for g, after, peak in peaks:
+        assert peak <= first + EVAL_EXTRA / 8, f"step {g}{f' right after {evaluation}' if after else ''}: " \
+                                               f"peak {peak / MiB:.1f} MiB, step 1's {first / MiB:.1f} MiB"
+
+
 # --- Lightning ----------------------------------------------------------------------------------
 
 D_IN, D_OUT, BATCH = 16, 4, 4
@@ -204,25 +227,7 @@ def test_lightning_callback_steps_phases_and_peaks(tmp_path: Path, clean: None) 
     saved = sorted(ckpt_dir.glob("*.ckpt"))
     assert len(saved) == trainer.global_step // L_SAVE_EVERY, saved
     assert got.need("memexporter_phase_completed_total", phase="checkpoint") == len(saved)
-    for phase in ("train", "eval", "checkpoint"):
-        assert got.need("memexporter_phase_active", phase=phase) == 0, phase
-
-    # Peaks: the last eval held EVAL_EXTRA more than the last training batch.
-    eval_peak = got.need("memexporter_phase_peak_bytes", phase="eval", device="cpu")
-    train_peak = got.need("memexporter_phase_peak_bytes", phase="train", device="cpu")
-    print(f"eval peak {eval_peak / MiB:.1f} MiB, train peak {train_peak / MiB:.1f} MiB, "
-          f"difference {(eval_peak - train_peak) / MiB:.2f} MiB")
-    assert EVAL_EXTRA * 0.95 <= eval_peak - train_peak <= EVAL_EXTRA * 1.05
-
-    # The headline: the step after a validation reports the training step's peak, not the
-    # validation's high-water mark.
-    peaks = [(g, after, s.need("memexporter_memory_peak_bytes", device="cpu")) for g, after, s in probe.steps]
-    print("step peaks (MiB):", [(g, after, round(p / MiB, 1)) for g, after, p in peaks])
-    assert sum(after for _, after, _ in peaks) >= 4, peaks
-    first = peaks[0][2]  # before any evaluation but the sanity check
-    for g, after, peak in peaks:
-        assert peak <= first + EVAL_EXTRA / 8, f"step {g}{' right after a validation' if after else ''}: " \
-                                               f"peak {peak / MiB:.1f} MiB, step 1's {first / MiB:.1f} MiB"
+    check_phases_and_peaks(got, probe.steps, "a validation")
 
 
 # --- Hugging Face ---------------------------------------------------------------------------------
@@ -342,22 +347,7 @@ def test_transformers_callback_steps_phases_and_peaks(tmp_path: Path, clean: Non
     folders = sorted((tmp_path / "out").glob("checkpoint-*"))
     assert probe.saves == len(folders) == state.global_step // HF_SAVE_EVERY, folders
     assert got.need("memexporter_phase_completed_total", phase="checkpoint") == probe.saves
-    for phase in ("train", "eval", "checkpoint"):
-        assert got.need("memexporter_phase_active", phase=phase) == 0, phase
-
-    eval_peak = got.need("memexporter_phase_peak_bytes", phase="eval", device="cpu")
-    train_peak = got.need("memexporter_phase_peak_bytes", phase="train", device="cpu")
-    print(f"eval peak {eval_peak / MiB:.1f} MiB, train peak {train_peak / MiB:.1f} MiB, "
-          f"difference {(eval_peak - train_peak) / MiB:.2f} MiB")
-    assert EVAL_EXTRA * 0.95 <= eval_peak - train_peak <= EVAL_EXTRA * 1.05
-
-    peaks = [(g, after, s.need("memexporter_memory_peak_bytes", device="cpu")) for g, after, s in probe.steps]
-    print("step peaks (MiB):", [(g, after, round(p / MiB, 1)) for g, after, p in peaks])
-    assert sum(after for _, after, _ in peaks) >= 4, peaks
-    first = peaks[0][2]  # before any evaluation
-    for g, after, peak in peaks:
-        assert peak <= first + EVAL_EXTRA / 8, f"step {g}{' right after an evaluation' if after else ''}: " \
-                                               f"peak {peak / MiB:.1f} MiB, step 1's {first / MiB:.1f} MiB"
+    check_phases_and_peaks(got, probe.steps, "an evaluation")
 
 
 # --- Never raising into training ------------------------------------------------------------------
