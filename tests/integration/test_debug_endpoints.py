@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +31,7 @@ from memexporter.tracking import boundaries
 from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 from tests.support.ports import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_around")]
-
-
-@pytest.fixture(autouse=True)
-def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Token files in this test's own folder, never the user's."""
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MEMEXPORTER_DEBUG_TOKEN", raising=False)
-    yield tmp_path / "memexporter"
-    memexporter.stop()  # before the folder goes
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_around", "runtime_dir")]
 
 
 def token_of(exp: Any) -> str:

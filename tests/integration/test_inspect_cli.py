@@ -34,17 +34,7 @@ from tests.support.demo import module_env
 from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 from tests.support.ports import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_around")]
-
-
-@pytest.fixture(autouse=True)
-def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Token files in this test's own folder, never the user's."""
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MEMEXPORTER_DEBUG_TOKEN", raising=False)
-    yield tmp_path / "memexporter"
-    memexporter.stop()
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_around", "runtime_dir")]
 
 
 def inspect(url: str, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
