@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from memexporter import exporter as _exporter
+from memexporter.config import KNOBS
 from memexporter.exporter import Exporter
 from memexporter.torchcheck import require_torch
 from memexporter.tracking import boundaries as _boundaries
@@ -44,6 +45,8 @@ def start(
     oom_dump_dir: str | None = None,
     census_every: int | None = None,
     census_budget: float | None = None,
+    run_id: str | None = None,
+    detail_ranks: str | None = None,
     model: Any = None,
     optimizer: Any = None,
     meter_provider: Any = None,
@@ -71,14 +74,8 @@ def start(
     raises ``OSError``.
     """
     require_torch()
-    settings: dict[str, Any] = {
-        "port": port, "addr": addr, "strict": strict, "certfile": certfile, "keyfile": keyfile,
-        "memory_limit_bytes": memory_limit_bytes, "leak_window": leak_window,
-        "warmup_steps": warmup_steps, "auto_step": auto_step, "module_depth": module_depth,
-        "max_modules": max_modules, "auto_track": auto_track, "otel": otel, "http": http,
-        "debug": debug, "debug_allow": debug_allow, "record_history": record_history,
-        "oom_dump_dir": oom_dump_dir, "census_every": census_every, "census_budget": census_budget,
-    }
+    given = locals()  # the keywords, named as the knobs: built from KNOBS, so none is forgotten
+    settings: dict[str, Any] = {knob.name: given[knob.name] for knob in KNOBS}
     return _exporter.start(model=model, optimizer=optimizer, meter_provider=meter_provider, **settings)
 
 

@@ -67,6 +67,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("oom_dump_dir", kt.opt_dir, None, "Directory for the pre-mortem (the census, written once when the OOM ETA drops under 5 minutes or use passes 95 % of the limit) and, on CUDA, the allocator snapshot at an OOM. Created if missing.", "a directory path"),
     Knob("census_every", kt.positive, 50, "Steps between tensor censuses (with debug or oom_dump_dir), stretched when a census would cost more than census_budget.", "an integer >= 1"),
     Knob("census_budget", kt.fraction, 0.005, "Most of the training time the censuses may take (0.005: 0.5 %); the census interval stretches to stay under it. 1 turns the stretching off.", "a number above 0, at most 1"),
+    Knob("run_id", kt.label_value, "", "The training run's name on memexporter_run_info (run_id). Empty: the launcher's (TORCHELASTIC_RUN_ID unless torchrun's default none, SLURM_JOB_ID, MASTER_ADDR:MASTER_PORT, else hostname-pid).", "text, at most 128 characters"),
+    Knob("detail_ranks", kt.ranks, "auto", "Ranks that export the detail (module rows, allocator detail, the forward/backward/optimizer phases) once the run has 64 ranks or more; the others export the core set the alerts read. auto: the first node's ranks (rank < LOCAL_WORLD_SIZE); below 64 ranks every rank exports everything.", "auto, all, none, or ranks such as 0-7,64"),
 )
 
 BY_NAME: Mapping[str, Knob] = {k.name: k for k in KNOBS}
@@ -96,6 +98,8 @@ class Config:
     oom_dump_dir: str | None
     census_every: int
     census_budget: float
+    run_id: str
+    detail_ranks: str
 
     @classmethod
     def resolve(cls, explicit: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> Config:

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from memexporter import __version__
+from memexporter import __version__, fleet
 from memexporter.binding import PortAdvice, bind
 from memexporter.config import Config, origin
 from memexporter.registry import MemexporterCollector, catalogue
@@ -32,28 +30,6 @@ if TYPE_CHECKING:
     from memexporter.risk import RiskWatch
 
 log = logging.getLogger("memexporter")
-
-
-def identity(environ: dict[str, str] | None = None,
-             group: Callable[[], tuple[int, int] | None] | None = None) -> Identity:
-    """Rank, local rank and world size from torchrun's variables, falling back to Slurm and Open
-    MPI, then to torch.distributed's initialised default group (``group``), then to one process."""
-    env = dict(os.environ if environ is None else environ)
-
-    def first(*names: str, default: str) -> str:
-        return next((env[n] for n in names if env.get(n)), default)
-
-    if group is None:
-        from memexporter.backends.torch import process_group
-
-        group = process_group
-    pg = group()
-    return Identity(
-        rank=first("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", default=str(pg[0]) if pg else "0"),
-        local_rank=first("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default="0"),
-        world_size=first("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", default=str(pg[1]) if pg else "1"),
-        hostname=socket.gethostname(),
-    )
 
 
 class Exporter:
@@ -184,7 +160,7 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     from memexporter.backends.torch import TorchBackend
     from memexporter.diagnose.wiring import attach as attach_diagnostics
 
-    ident = identity()
+    ident = fleet.identity(run_id=config.run_id, detail_ranks=config.detail_ranks)
     port = _port_for_rank(config, ident)
     cuda, host = TorchBackend(), HostBackend()
     tracker = steps.StepTracker(cuda, host, window=config.leak_window, warmup_steps=config.warmup_steps)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 
 
 def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
@@ -135,3 +136,34 @@ def opt_dir(name: str, value: object) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"memexporter: {name} is not writable: {existing!r} (from {value!r})")
     return path
+
+
+RANK_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+"""One part of a rank list: ``7`` or ``0-7`` (inclusive)."""
+
+
+def ranks(name: str, value: object) -> str:
+    """``auto``, ``all``, ``none`` or ranks and ranges (``0-7,64``), normalised (lower case, no spaces)."""
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise TypeError(f"memexporter: {name} must be auto, all, none or ranks such as '0-7,64', got {value!r}")
+    text = str(value).strip().lower().replace(" ", "")
+    if text in ("auto", "all", "none"):
+        return text
+    for part in text.split(","):
+        match = RANK_RANGE.fullmatch(part)
+        if match is None or (match.group(2) is not None and int(match.group(2)) < int(match.group(1))):
+            raise ValueError(f"memexporter: {name} must be auto, all, none or ranks such as 0-7,64; "
+                             f"{part!r} in {value!r} is not a rank or a range low-high")
+    return text
+
+
+def label_value(name: str, value: object) -> str:
+    """A label value that a person chose (a run name): printable, at most 128 characters; "" unset."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"memexporter: {name} must be a string, got {value!r} ({type(value).__name__})")
+    text = value.strip()
+    if len(text) > 128 or not text.isprintable():
+        raise ValueError(f"memexporter: {name} must be printable text of at most 128 characters, got {value!r}")
+    return text

@@ -54,7 +54,9 @@ class MetricSpec:
     ``name`` is the full exposition name (counters include ``_total``); ``unit`` is the base unit
     (``bytes``, ``seconds``, ``ratio``...) or ``""``; ``help`` says where the value comes from.
     ``cuda_only`` marks series that exist only when a CUDA device is in use, ``sharded_only`` those
-    that exist only for a tracked model with sharded (DTensor) parameters. ``otel_name`` and
+    that exist only for a tracked model with sharded (DTensor) parameters, ``detail`` those that
+    only the detail ranks export once a run has 64 ranks or more (``fleet.py``: module rows, and
+    figures that are diagnostic or derivable from the core set). ``otel_name`` and
     ``otel_unit`` (UCUM) name the OpenTelemetry instrument (an observable counter for a counter, an
     observable gauge otherwise) so that otlptranslator's names give back ``name``; ``semconv`` adds
     a semantic-convention instrument with the same value.
@@ -71,6 +73,7 @@ class MetricSpec:
     otel_unit: str = ""
     semconv: SemConv | None = None
     sharded_only: bool = False  # exported only for a tracked model with DTensor parameters
+    detail: bool = False  # at world >= 64, only the detail ranks export it (memexporter/fleet.py)
 
     def family(self) -> GaugeMetricFamily | CounterMetricFamily:
         """A fresh, empty Prometheus family for this spec (built anew on every scrape)."""
@@ -82,15 +85,16 @@ class MetricSpec:
 
 
 def _g(name: str, unit: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False,
-       semconv: SemConv | None = None, sharded: bool = False) -> MetricSpec:
+       semconv: SemConv | None = None, sharded: bool = False, detail: bool = False) -> MetricSpec:
     return MetricSpec(f"memexporter_{name}", "gauge", unit, help, labels, collector, otel, cuda, UCUM[unit], semconv,
-                      sharded)
+                      sharded, detail)
 
 
 def _c(name: str, help: str, labels: tuple[str, ...], collector: str, otel: str, cuda: bool = False,
-       counts: str = "") -> MetricSpec:
+       counts: str = "", detail: bool = False) -> MetricSpec:
     """A counter; ``counts`` is the UCUM annotation of what it counts (``{step}``), dropped by the translation."""
-    return MetricSpec(f"memexporter_{name}_total", "counter", "", help, labels, collector, otel, cuda, counts)
+    return MetricSpec(f"memexporter_{name}_total", "counter", "", help, labels, collector, otel, cuda, counts,
+                      detail=detail)
 
 
 _MS = "torch.cuda.memory_stats()"
@@ -112,25 +116,25 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("phase_duration_seconds", "seconds", "Wall time of the last completed occurrence of the phase.", PHASE, "phases", "memexporter.phase.duration"),
     _c("phase_completed", "Completed occurrences of the phase (distinct phase names beyond the first 16 count as phase=\"other\", but eval, validation, test, predict and checkpoint keep theirs).", PHASE, "phases", "memexporter.phase.completed", counts="{occurrence}"),
     _g("phase_active", "", "1 while the phase is open (nested phases: each open one), else 0.", PHASE, "phases", "memexporter.phase.active"),
-    _g("phase_last_change_timestamp_seconds", "seconds", "Unix time a phase last began or ended; absent before the first phase.", RANK, "phases", "memexporter.phase.last_change_timestamp"),
+    _g("phase_last_change_timestamp_seconds", "seconds", "Unix time a phase last began or ended; absent before the first phase.", RANK, "phases", "memexporter.phase.last_change_timestamp", detail=True),
     # --- CUDA caching allocator (collectors/allocator.py), read at scrape time.
-    _g("allocator_allocated_bytes", "bytes", f"Bytes held by live tensors: {_MS}['allocated_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.allocated", True),
+    _g("allocator_allocated_bytes", "bytes", f"Bytes held by live tensors: {_MS}['allocated_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.allocated", True, detail=True),
     _g("allocator_reserved_bytes", "bytes", f"Bytes reserved from the driver by the caching allocator: {_MS}['reserved_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.reserved", True),
-    _g("allocator_active_bytes", "bytes", f"Bytes in active blocks: {_MS}['active_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.active", True),
+    _g("allocator_active_bytes", "bytes", f"Bytes in active blocks: {_MS}['active_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.active", True, detail=True),
     _g("allocator_inactive_split_bytes", "bytes", f"Bytes in inactive, non-releasable split blocks (fragmentation): {_MS}['inactive_split_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.inactive_split", True),
-    _g("allocator_requested_bytes", "bytes", f"Bytes requested by callers before rounding: {_MS}['requested_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.requested", True),
-    _g("allocator_peak_allocated_bytes", "bytes", f"Lifetime peak of allocated bytes as torch reports it: {_MS}['allocated_bytes.all.peak'].", DEVICE, "allocator", "memexporter.allocator.peak_allocated", True),
-    _g("allocator_peak_reserved_bytes", "bytes", f"Lifetime peak of reserved bytes as torch reports it: {_MS}['reserved_bytes.all.peak'].", DEVICE, "allocator", "memexporter.allocator.peak_reserved", True),
+    _g("allocator_requested_bytes", "bytes", f"Bytes requested by callers before rounding: {_MS}['requested_bytes.all.current'].", DEVICE, "allocator", "memexporter.allocator.requested", True, detail=True),
+    _g("allocator_peak_allocated_bytes", "bytes", f"Lifetime peak of allocated bytes as torch reports it: {_MS}['allocated_bytes.all.peak'].", DEVICE, "allocator", "memexporter.allocator.peak_allocated", True, detail=True),
+    _g("allocator_peak_reserved_bytes", "bytes", f"Lifetime peak of reserved bytes as torch reports it: {_MS}['reserved_bytes.all.peak'].", DEVICE, "allocator", "memexporter.allocator.peak_reserved", True, detail=True),
     _c("allocator_alloc_retries", f"cudaMalloc calls retried after flushing the cache: {_MS}['num_alloc_retries'].", DEVICE, "allocator", "memexporter.allocator.alloc_retries", True, counts="{retry}"),
     _c("allocator_ooms", f"Out-of-memory errors raised by the allocator: {_MS}['num_ooms'].", DEVICE, "allocator", "memexporter.allocator.ooms", True, counts="{oom}"),
-    _c("allocator_device_allocations", f"cudaMalloc calls: {_MS}['num_device_alloc'].", DEVICE, "allocator", "memexporter.allocator.device_allocations", True, counts="{call}"),
-    _c("allocator_device_frees", f"cudaFree calls: {_MS}['num_device_free'].", DEVICE, "allocator", "memexporter.allocator.device_frees", True, counts="{call}"),
+    _c("allocator_device_allocations", f"cudaMalloc calls: {_MS}['num_device_alloc'].", DEVICE, "allocator", "memexporter.allocator.device_allocations", True, counts="{call}", detail=True),
+    _c("allocator_device_frees", f"cudaFree calls: {_MS}['num_device_free'].", DEVICE, "allocator", "memexporter.allocator.device_frees", True, counts="{call}", detail=True),
     _g("allocator_fragmentation_ratio", "ratio", "inactive_split_bytes / reserved_bytes from memory_stats(); 0 when nothing is reserved.", DEVICE, "allocator", "memexporter.allocator.fragmentation", True),
     _g("allocator_info", "", "Allocator backend (value 1): torch.cuda.get_allocator_backend(), native, cudaMallocAsync or pluggable. Under cudaMallocAsync only allocated, active and reserved bytes (and their peaks) are exported; a pluggable allocator reports no statistics.", ("rank", "device", "backend"), "allocator", "memexporter.allocator.info", True),
     # --- Device, from NVML (collectors/device.py).
     _g("device_total_bytes", "bytes", "Total device memory: NVML nvmlDeviceGetMemoryInfo().total.", DEVICE, "device", "memexporter.device.total", True, SemConv("hw.gpu.memory.limit", "hw.gpu")),
     _g("device_used_bytes", "bytes", "Device memory used by all processes: NVML nvmlDeviceGetMemoryInfo().used.", DEVICE, "device", "memexporter.device.used", True, SemConv("hw.gpu.memory.usage", "hw.gpu")),
-    _g("device_free_bytes", "bytes", "Free device memory: NVML nvmlDeviceGetMemoryInfo().free.", DEVICE, "device", "memexporter.device.free", True),
+    _g("device_free_bytes", "bytes", "Free device memory: NVML nvmlDeviceGetMemoryInfo().free.", DEVICE, "device", "memexporter.device.free", True, detail=True),
     _g("device_info", "", "Device identity (value 1), matched to the CUDA ordinal by UUID: uuid as NVML spells it (GPU-... or MIG-...), name (model), pci_bus_id (nvmlDeviceGetPciInfo().busId), gpu_uuid and gpu_instance_id (the physical GPU and MIG GPU instance, as dcgm-exporter's UUID and GPU_I_ID labels; gpu_instance_id empty on a whole GPU).", ("rank", "device", "uuid", "name", "pci_bus_id", "gpu_uuid", "gpu_instance_id"), "device", "memexporter.device.info", True),
     # --- Host, from psutil and cgroup files (collectors/host.py).
     _g("host_rss_bytes", "bytes", "Resident set size of this process: psutil memory_info().rss.", RANK, "host", "memexporter.host.rss", semconv=SemConv("process.memory.usage", "process")),
@@ -138,19 +142,20 @@ SPECS: tuple[MetricSpec, ...] = (
     _g("host_available_bytes", "bytes", "Memory available to this process: min(psutil virtual_memory().available, cgroup limit - cgroup usage).", RANK, "host", "memexporter.host.available"),
     _g("host_limit_bytes", "bytes", "Memory limit for this process: min(physical RAM, cgroup memory.max / memory.limit_in_bytes).", RANK, "host", "memexporter.host.limit"),
     # --- Per-module breakdown (collectors/modules.py), from snapshots published by the training thread.
-    _g("module_parameter_bytes", "bytes", "Bytes of parameters owned by the module, as this rank holds them (a DTensor's local shard; a tied weight once, in its first owner's row; a view into a shared buffer, its own bytes).", MODULE, "modules", "memexporter.module.parameter"),
-    _g("module_gradient_bytes", "bytes", "Bytes of .grad tensors of the module's parameters, counted on the training thread at an optimizer step (the first, then at most once a second).", MODULE, "modules", "memexporter.module.gradient"),
-    _g("module_optimizer_state_bytes", "bytes", "Bytes of optimizer state (e.g. AdamW exp_avg, exp_avg_sq) mapped to the module's parameters, counted like the gradients.", MODULE, "modules", "memexporter.module.optimizer_state"),
-    _g("module_parameter_unsharded_bytes", "bytes", "Bytes of the module's parameters unsharded (their global size), only for a model with sharded (DTensor: FSDP2, tensor parallel) parameters: module_parameter_bytes / this = the share this rank holds. Under FSDP2 also what the all-gather materialises for the module's forward and backward.", MODULE, "modules", "memexporter.module.parameter_unsharded", sharded=True),
-    _g("module_activation_bytes", "bytes", "Bytes saved for backward during the last recorded grad-enabled pass (saved_tensors_hooks; at most one pass a second, and one in eight, is recorded), attributed to the innermost running module; each storage once, parameters (also FSDP's unsharded ones) excluded.", MODULE, "modules", "memexporter.module.activation"),
-    _g("module_forward_delta_bytes", "bytes", "torch.cuda allocated bytes after minus before the module's forward, summed over its calls in the last forward (opt-in: track(cuda_forward_delta=True)). A parent includes its children: not a partition.", MODULE, "modules", "memexporter.module.forward_delta", True),
+    _g("module_parameter_bytes", "bytes", "Bytes of parameters owned by the module, as this rank holds them (a DTensor's local shard; a tied weight once, in its first owner's row; a view into a shared buffer, its own bytes).", MODULE, "modules", "memexporter.module.parameter", detail=True),
+    _g("module_gradient_bytes", "bytes", "Bytes of .grad tensors of the module's parameters, counted on the training thread at an optimizer step (the first, then at most once a second).", MODULE, "modules", "memexporter.module.gradient", detail=True),
+    _g("module_optimizer_state_bytes", "bytes", "Bytes of optimizer state (e.g. AdamW exp_avg, exp_avg_sq) mapped to the module's parameters, counted like the gradients.", MODULE, "modules", "memexporter.module.optimizer_state", detail=True),
+    _g("module_parameter_unsharded_bytes", "bytes", "Bytes of the module's parameters unsharded (their global size), only for a model with sharded (DTensor: FSDP2, tensor parallel) parameters: module_parameter_bytes / this = the share this rank holds. Under FSDP2 also what the all-gather materialises for the module's forward and backward.", MODULE, "modules", "memexporter.module.parameter_unsharded", sharded=True, detail=True),
+    _g("module_activation_bytes", "bytes", "Bytes saved for backward during the last recorded grad-enabled pass (saved_tensors_hooks; at most one pass a second, and one in eight, is recorded), attributed to the innermost running module; each storage once, parameters (also FSDP's unsharded ones) excluded.", MODULE, "modules", "memexporter.module.activation", detail=True),
+    _g("module_forward_delta_bytes", "bytes", "torch.cuda allocated bytes after minus before the module's forward, summed over its calls in the last forward (opt-in: track(cuda_forward_delta=True)). A parent includes its children: not a partition.", MODULE, "modules", "memexporter.module.forward_delta", True, detail=True),
     # --- The exporter itself (collectors/exporter.py and the guard in registry.py).
     _g("build_info", "", "Build information (value 1): memexporter, torch and CUDA versions.", ("rank", "version", "torch_version", "cuda_version"), "exporter", "memexporter.build.info"),
     _g("process_info", "", "Process identity (value 1): local rank, world size and hostname.", ("rank", "local_rank", "world_size", "hostname"), "exporter", "memexporter.process.info"),
+    _g("run_info", "", "The training run (value 1): run_id from the launcher, run_id_source naming where it came from (memexporter: run_id= or MEMEXPORTER_RUN_ID; torchelastic: TORCHELASTIC_RUN_ID; slurm: SLURM_JOB_ID; master: MASTER_ADDR:MASTER_PORT; process: hostname-pid), and detail: what this rank exports (per_rank: its own full set; representative: the full set for its peers, at 64 ranks and more; core: the core set only).", ("rank", "run_id", "run_id_source", "detail"), "exporter", "memexporter.run.info"),
     _c("hook_errors", "Errors caught in memexporter's training-thread hooks (never raised into training).", RANK, "exporter", "memexporter.hook.errors", counts="{error}"),
-    _c("http_dropped_connections", "HTTP connections closed without a full answer, by reason: " + "; ".join(f"{k} ({v})" for k, v in REASONS.items()) + ".", ("rank", "reason"), "exporter", "memexporter.http.dropped_connections", counts="{connection}"),
+    _c("http_dropped_connections", "HTTP connections closed without a full answer, by reason: " + "; ".join(f"{k} ({v})" for k, v in REASONS.items()) + ".", ("rank", "reason"), "exporter", "memexporter.http.dropped_connections", counts="{connection}", detail=True),
     _g("collector_success", "", "1 if the collector's last run succeeded, 0 if it raised or could read only part of its series (the part it read is still exported).", ("rank", "collector"), "guard", "memexporter.collector.success"),
-    _g("collector_duration_seconds", "seconds", "Time the collector's last run took.", ("rank", "collector"), "guard", "memexporter.collector.duration"),
+    _g("collector_duration_seconds", "seconds", "Time the collector's last run took.", ("rank", "collector"), "guard", "memexporter.collector.duration", detail=True),
 )
 
 BY_NAME: Mapping[str, MetricSpec] = {s.name: s for s in SPECS}
@@ -188,5 +193,6 @@ def reference_table() -> str:
     for s in SPECS:
         labels = ", ".join(s.labels)
         extra = " (CUDA only)" if s.cuda_only else " (sharded models only)" if s.sharded_only else ""
+        extra += " (detail: at 64 ranks and more, the detail ranks only)" if s.detail else ""
         lines.append(f"| `{s.name}` | {s.type} | {s.unit or '-'} | {labels} | {s.help}{extra} |")
     return "\n".join(lines)

@@ -4,7 +4,8 @@
 builds a fresh ``Scrape`` (a per-scrape cache, so each backend is read once, e.g. one
 ``memory_stats()`` call per device), runs every enabled collector inside a guard that times it,
 and exports ``memexporter_collector_success`` and ``memexporter_collector_duration_seconds``.
-A collector that raises loses only its own series.
+A collector that raises loses only its own series. A rank that exports the core set only (a run
+of 64 ranks or more, ``fleet.py``) skips the collectors whose every series is detail.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Protocol
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from memexporter import fleet
 from memexporter.metrics import families
 from memexporter.scrape import PartialFailure, Scrape, Sources
 
@@ -73,11 +75,19 @@ class MemexporterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         if os.getpid() != self._pid:  # a forked child (DataLoader worker) serves nothing
             return
+        if self._sources.identity.detail == "core":  # a large run: the detail is the detail ranks'
+            yield from fleet.core(self._collect(detail=False))
+        else:
+            yield from self._collect(detail=True)
+
+    def _collect(self, detail: bool) -> Iterator[Metric]:
         scrape = Scrape(self._sources)
         rank = self._sources.rank
         success: list[tuple[tuple[str, ...], float]] = []
         duration: list[tuple[tuple[str, ...], float]] = []
         for collector in self._collectors:
+            if not detail and fleet.detail_only_collector(collector.name):
+                continue  # nothing it yields would be exported: do not even read it
             start = self._clock()
             try:
                 # Materialise first: a collector that fails half-way must not leave half its series.

@@ -54,6 +54,9 @@ class Identity:
     local_rank: str
     world_size: str
     hostname: str
+    run_id: str = ""  # the training run (memexporter_run_info), from fleet.run_identity
+    run_id_source: str = ""
+    detail: str = "per_rank"  # what this rank exports: per_rank, representative or core (fleet.py)
 
 
 @dataclass(frozen=True)

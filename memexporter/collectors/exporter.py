@@ -1,4 +1,4 @@
-"""The exporter's own identity: build and process info, hook errors, dropped HTTP connections."""
+"""The exporter's own identity: build, process and run info, hook errors, dropped HTTP connections."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class ExporterCollector:
         return families({
             "memexporter_build_info": [((ident.rank, src.version, torch_version, cuda_version), 1.0)],
             "memexporter_process_info": [((ident.rank, ident.local_rank, ident.world_size, ident.hostname), 1.0)],
+            "memexporter_run_info": [((ident.rank, ident.run_id, ident.run_id_source, ident.detail), 1.0)],
             "memexporter_hook_errors_total": [((ident.rank,), float(hook_errors(scrape)))],
             "memexporter_http_dropped_connections_total": [((ident.rank, r), float(n)) for r, n in dropped.items()],
         })

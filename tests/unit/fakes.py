@@ -96,7 +96,7 @@ class FakeHost:
         return None
 
 
-IDENTITY = Identity(rank="3", local_rank="1", world_size="8", hostname="node17")
+IDENTITY = Identity(rank="3", local_rank="1", world_size="8", hostname="node17", run_id="run-42", run_id_source="torchelastic")
 
 
 def sources(cuda: FakeCuda | None = None, nvml: FakeNvml | None = None, host: FakeHost | None = None,

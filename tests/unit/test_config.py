@@ -84,6 +84,8 @@ BAD_BY_PARSER: dict[str, tuple[object, str | None]] = {
     "networks": ("10.0.0.0/33", "10.0.0.0/8, not-a-network"),
     "opt_dir": (str(_A_FILE / "dumps"), str(_A_FILE)),  # under a file: can never be a directory
     "fraction": (0, "1.5"),
+    "label_value": ("x" * 129, "tab\there"),
+    "ranks": ("0-7,9-3", "first-node"),
 }
 
 
