@@ -41,7 +41,7 @@ def good_argument(knob: Knob) -> dict[str, object]:
     if knob.name in ("certfile", "keyfile"):
         return {"certfile": _A_FILE, "keyfile": _A_FILE}
     value = {"port": 9500, "addr": "127.0.0.1", "debug_allow": "10.0.0.0/8", "oom_dump_dir": str(REPO_ROOT),
-             "census_budget": 0.5, "leak_window": 64, "memory_limit_bytes": 1 << 30}.get(knob.name)
+             "census_budget": 0.5, "leak_window": 64, "memory_limit_bytes": 1 << 30, "run_id": "exp-7"}.get(knob.name)
     if value is None:
         value = (not knob.default) if knob.boolean else 2
     return {knob.name: value}

@@ -94,6 +94,8 @@ GOOD: dict[str, tuple[Any, str, Any]] = {
     "record_history": (True, "1", True),
     "census_every": (7, "7", 7),
     "census_budget": (0.25, "0.25", 0.25),
+    "run_id": ("exp-7", "exp-7", "exp-7"),
+    "detail_ranks": ("none", "NONE", "none"),
 }
 SPECIAL = {"port", "certfile", "keyfile", "oom_dump_dir"}  # values made per test (a free port, files)
 
@@ -170,6 +172,8 @@ EFFECTS: dict[str, Effect] = {
                                                       and os.path.isdir(expected)),
     "census_every": _diag,
     "census_budget": _diag,
+    "run_id": lambda exp, name, expected: exp.sources.identity.run_id == expected,
+    "detail_ranks": lambda exp, name, expected: exp.sources.identity.detail == "core",  # none: no rank is one
 }  # strict and debug_allow: the resolved setting is all there is to see without a failure or a client
 
 
