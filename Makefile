@@ -1,5 +1,5 @@
 # Shortcuts; the scripts are the source of truth (a fresh machine may not have make).
-.PHONY: demo test lint bench rules scenarios dashboards gpu-check kubernetes
+.PHONY: demo test lint bench bench-scale rules scenarios dashboards gpu-check kubernetes
 demo:
 	scripts/demo.sh
 test:
@@ -10,6 +10,12 @@ lint:
 	.venv/bin/python -m ruff check memexporter tests benchmarks && .venv/bin/python -m mypy
 bench:
 	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py && .venv/bin/python benchmarks/bench_modules.py && .venv/bin/python benchmarks/bench_phases.py && .venv/bin/python benchmarks/bench_flood.py && OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py && .venv/bin/python benchmarks/alert_lead_times.py
+# Opt-in, not part of bench: Prometheus with 64, 256 and 1,024 simulated ranks, before (as of de4f325)
+# and after issue 25; takes tens of minutes. Results in build/bench-scale-*.json and .md.
+bench-scale:
+	mkdir -p build
+	.venv/bin/python benchmarks/bench_scale.py --before --json build/bench-scale-before.json --markdown build/bench-scale-before.md
+	.venv/bin/python benchmarks/bench_scale.py --json build/bench-scale-after.json --markdown build/bench-scale-after.md
 rules:
 	.venv/bin/python -m memexporter rules --output alerts/memexporter.rules.yml
 scenarios:
