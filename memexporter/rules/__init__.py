@@ -2,10 +2,13 @@
 
 - ``params``: ``RulesConfig`` (selector, windows, horizons, thresholds, ``for:``), the presets, and
   the checks on their values;
-- ``template``: every rule, as ``%``-format text over those parameters (``rule``: one rule, and
-  the annotation text that queries a series; ``phases``: the out-of-step phases' level and the
-  stalled-run alert);
-- ``rendering``: the YAML that Prometheus loads (``alerts/memexporter.rules.yml`` is ``render()``);
+- ``template``: the recording rules, as ``%``-format text over those parameters, and ``alerts``:
+  the alerting rules, each per rank (``scope="rank"``) and, for a cause that every rank shares, per
+  run (``scope="run"``) (``rule``: one rule; ``phases``: the out-of-step phases' level and the
+  stalled-run alert; ``runs``: the run each rank belongs to, the per-run records, the run alerts;
+  ``conditions``: each alert's condition per rank, recorded once before its alerts);
+- ``rendering``: the YAML that Prometheus loads (``alerts/memexporter.rules.yml`` is ``render()``), in
+  four groups: per-rank records, per-run records, the OOM forecasts, the other alerts;
 - ``cli``: ``memexporter rules`` (also ``python -m memexporter.rules``).
 """
 

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from memexporter.rules.selector import parse_selector
 
 SEVERITIES = ("critical", "warning", "info")
-# The labels that name one training run: the ranks that share them are peers (RankImbalance).
-# A label a series lacks groups as empty, so a setup with one run per Prometheus job, no
-# `namespace` and no `run_id` compares exactly the ranks of that job. The example scrape configs
-# set `run_id` (static and file_sd target labels; the PodMonitor from the pod's job-name label).
+# The labels that name one training run: the ranks that share them are peers (RankImbalance, the
+# run-wide alerts and records). `run_id` comes from the exporter's `memexporter_run_info`, joined by
+# the rules (runs.py), unless the target sets its own. A label a series lacks groups as empty, so
+# ranks of an old exporter (no run_info) with one run per Prometheus job compare the ranks of that job.
 PEER_LABELS: tuple[str, ...] = ("job", "namespace", "run_id")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Per-rank labels (every rank its own peer group: the alert could never fire) and the rule's own.
-_NOT_PEER_LABELS = frozenset({"instance", "pod", "rank", "local_rank", "device", "device_kind"})
+NOT_PEER_LABELS = frozenset({"instance", "pod", "rank", "local_rank", "device", "device_kind"})
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,12 @@ class RulesConfig:
     stalled_floor: int = 900  # never less: a GC pause, a slow batch or an unmarked save is not a stall
     stalled_phase_floor: int = 3600  # an out-of-step phase with no completed occurrence yet (a first evaluation)
     stalled_for: int = 300
+    # Run-wide alerts (one per run, scope="run") for a cause that every rank shares.
+    run_min_ranks: int = 2  # ranks of one run that must meet a rank alert's condition: one rank is its own page
+    # A run alert's for: ends this much sooner than its rank alerts' (at most half of it): the ranks of
+    # a run cross a threshold minutes apart (noise, a rank a little fuller), and Alertmanager mutes a
+    # rank alert only if its run alert already fires when the rank's group is first sent.
+    run_lead_for: int = 300
 
     @classmethod
     def default(cls) -> RulesConfig:
@@ -77,7 +83,7 @@ class RulesConfig:
                    imminent_horizon=120, imminent_for=30, leak_for=30, thrashing_window=60,
                    thrashing_for=30, oom_window=60, lost_window=60, lost_for=10, fragmentation_window=60,
                    fragmentation_for=60, imbalance_for=60, collector_window=60, collector_for=60,
-                   stalled_floor=60, stalled_phase_floor=120, stalled_for=30)
+                   stalled_floor=60, stalled_phase_floor=120, stalled_for=30, run_lead_for=10)
 
 
 PRESETS: Mapping[str, RulesConfig] = {"default": RulesConfig.default(), "demo": RulesConfig.demo()}
@@ -98,12 +104,18 @@ def parse_peer_labels(text: str) -> tuple[str, ...]:
         if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
             raise ValueError(f"memexporter: peer label {name!r} (in {text!r}) is not a label name "
                              "([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)")
-        if name in _NOT_PEER_LABELS:
+        if name in NOT_PEER_LABELS:
             raise ValueError(f"memexporter: peer label {name!r} (in {text!r}) differs between the ranks of one "
                              f"run; peer labels name the run, e.g. {', '.join(PEER_LABELS)}")
     if len(set(names)) != len(names):
         raise ValueError(f"memexporter: peer labels {text!r} repeat a label")
     return names
+
+
+def run_for(c: RulesConfig, rank_for: int) -> int:
+    """The ``for:`` of a run alert whose rank alerts wait ``rank_for`` seconds: ``run_lead_for``
+    sooner, but never less than half of it (a shared warm-up transient must still be ridden out)."""
+    return max(rank_for - c.run_lead_for, rank_for // 2)
 
 
 def check(c: RulesConfig) -> None:
@@ -112,5 +124,7 @@ def check(c: RulesConfig) -> None:
     if c.critical_severity not in SEVERITIES:
         raise ValueError(f"memexporter: critical_severity must be one of {SEVERITIES}, got {c.critical_severity!r}")
     parse_peer_labels(c.peer_labels)
+    if c.run_min_ranks < 2:
+        raise ValueError(f"memexporter: run_min_ranks must be 2 or more (one rank is its own page), got {c.run_min_ranks!r}")
     if not c.stalled_factor > 0:
         raise ValueError(f"memexporter: stalled_factor must be a positive number, got {c.stalled_factor!r}")

@@ -1,4 +1,4 @@
-"""One rule of the template, and the template text that reads a series inside an annotation."""
+"""One rule of the template."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Rule:
-    """One recording rule (``severity`` empty) or alerting rule; ``why`` becomes a YAML comment."""
+    """One recording rule (``severity`` empty) or alerting rule; ``why`` becomes a YAML comment.
+
+    ``scope`` (alerts only): ``rank`` (one alert per rank, and device) or ``run`` (one per run),
+    rendered as the label of that name. ``rendered``: ``summary`` and ``description`` are final text
+    (the run alerts' build their query from the rendered expression), not ``%``-templates."""
 
     name: str
     expr: str
@@ -16,18 +20,5 @@ class Rule:
     severity: str = ""
     summary: str = ""
     description: str = ""
-
-
-def query(metric: str, fmt: str, over: str = "", rank_only: bool = False, none: str = "") -> str:
-    """Template text printing ``metric`` for the alert's job/instance/rank/device through ``fmt``;
-    ``over`` (a duration) reads its last value within that range, for a series that is gone;
-    ``rank_only`` for a series without ``device`` (``steps_total``); ``none`` is printed when
-    there is no such series."""
-    names = ("job", "instance", "rank") if rank_only else ("job", "instance", "rank", "device")
-    selector = metric + "{" + ",".join(f"{n}=%q" for n in names) + "}"
-    if over:
-        selector = f"last_over_time({selector}[{over}])"
-    labels = " ".join(f"$labels.{n}" for n in names)
-    otherwise = f"{{{{ else }}}}{none}" if none else ""
-    return (f'{{{{ with printf "{selector}" {labels} | query }}}}'
-            f"{{{{ $v := . | first | value }}}}{fmt}{otherwise}{{{{ end }}}}")
+    scope: str = ""
+    rendered: bool = False

@@ -267,9 +267,11 @@ def test_the_demo_stays_down_after_its_oom_until_the_fatal_oom_alert_is_out(tmp_
     assert code == 3 and calls[0] == f"memexporter {' '.join(command)}" and calls[1].startswith("sleep ")
     pause = float(calls[1].split()[1])
     # Long enough for the alert: its `for` in the demo preset, the FatalOOMSuspected route's
-    # group_wait, and a few scrapes and evaluations (every second here).
+    # group_wait, and a few scrapes and evaluations (every second here). The demo is one rank:
+    # its per-rank alert (scope "rank") is the one that fires, not the run-wide one.
     demo_rules = yaml.safe_load(rules.render("demo"))
-    (fatal,) = [r for g in demo_rules["groups"] for r in g["rules"] if r.get("alert") == "MemexporterFatalOOMSuspected"]
+    (fatal,) = [r for g in demo_rules["groups"] for r in g["rules"] if r.get("alert") == "MemexporterFatalOOMSuspected"
+                and r["labels"].get("scope", "rank") == "rank"]
     routing = yaml.safe_load((REPO_ROOT / "alertmanager" / "alertmanager.example.yml").read_text(encoding="utf-8"))
     (route,) = [r for r in routing["route"]["routes"] if "MemexporterFatalOOMSuspected" in str(r.get("matchers"))]
     needed = seconds(fatal["for"]) + seconds(route["group_wait"]) + 10
@@ -320,7 +322,7 @@ def test_shipped_routing_pages_through_the_webhook_receiver(tmp_path: Path) -> N
              "annotations": {"summary": "Memory held between training steps keeps growing."}},
         ]
         assert _post(f"{am.url}/api/v2/alerts", json.dumps(alerts).encode()) == 200
-        deadline = time.monotonic() + 90  # the example's group_wait: 10 s for pages, 30 s for chat
+        deadline = time.monotonic() + 90  # the example's group_wait: 30 s for pages and for chat
         while time.monotonic() < deadline:
             text = log.read_text(encoding="utf-8")
             if "training-pager" in text and "training-chat" in text:

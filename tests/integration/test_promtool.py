@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,21 @@ def test_promtool_phase_tests_catch_a_changed_rule(tmp_path: Path, change: dict[
     assert f"alertname: {alert}" in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize(("change", "alert"), [
+    ({"run_lead_for": 0}, "MemexporterMemoryLeak"),  # the run alert fires with its ranks, not 5 minutes before
+    ({"run_min_ranks": 5}, "MemexporterMemoryLeak"),  # llm-a's 4 ranks are no longer a run-wide cause
+], ids=["run-for-as-rank", "five-ranks"])
+def test_promtool_run_tests_catch_a_changed_rule(tmp_path: Path, change: dict[str, Any], alert: str) -> None:
+    # Not vacuous: runs.yml pins when the run alerts fire and that they do.
+    cfg = dataclasses.replace(rules.RulesConfig.default(), **change)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "memexporter.rules.yml").write_text(rules.render_config(cfg), encoding="utf-8")
+    shutil.copy(ALERTS_DIR / "tests" / "runs.yml", tmp_path / "tests" / "runs.yml")
+    result = run(require("promtool"), "test", "rules", tmp_path / "tests" / "runs.yml")
+    assert result.returncode != 0, f"runs.yml passed against rules with {change}"
+    assert f"alertname: {alert}, time: 23m" in result.stdout + result.stderr
+
+
 def test_promtool_fleet_tests_catch_job_only_peer_labels(tmp_path: Path) -> None:
     # Not vacuous: with the old peers (job alone) the two runs that share job="memexporter" in
     # fleet.yml are compared with each other, and the large run's balanced ranks fire too.
@@ -152,6 +168,10 @@ def test_amtool_check_config() -> None:
     (("alertname=MemexporterOOMPredicted", "severity=warning"), "training-chat"),
     (("alertname=MemexporterCollectorFailing", "severity=warning"), "training-chat"),
     (("alertname=MemexporterFatalOOMSuspected", "severity=warning"), "training-chat"),
+    (("alertname=MemexporterOOMImminent", "severity=critical", "scope=run"), "training-pager"),
+    (("alertname=MemexporterMemoryLeak", "severity=warning", "scope=run"), "training-chat"),
+    (("alertname=MemexporterOOMImminent", "severity=critical", "scope=rank"), "training-pager"),
+    (("alertname=MemexporterMemoryLeak", "severity=warning", "scope=rank"), "training-chat"),
 ])
 def test_amtool_routes_by_severity(labels: tuple[str, ...], receiver: str) -> None:
     result = run(require("amtool"), "config", "routes", "test", f"--config.file={AM_EXAMPLE}",
@@ -166,8 +186,12 @@ def _example_for(hook: WebhookReceiver, tmp: Path) -> Path:
     for receiver in config["receivers"]:
         for webhook in receiver["webhook_configs"]:
             webhook["url"] = hook.url + receiver["name"]
-    for route in (config["route"], *config["route"]["routes"]):
-        route["group_wait"] = "1s"
+    routes = [config["route"]]
+    while routes:
+        route = routes.pop()
+        if "group_wait" in route:
+            route["group_wait"] = "1s"
+        routes += route.get("routes", [])
     path = tmp / "alertmanager.yml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
@@ -237,3 +261,44 @@ def test_alertmanager_pages_once_per_stalled_run(tmp_path: Path) -> None:
                       for r in pages}
             assert by_run == {"run-a": ["0", "1", "2", "3"], "run-b": ["0"]}, by_run
             assert len(pages) == 2
+
+
+def _run_notified(receiver: str, run_id: str, payload: dict[str, Any]) -> bool:
+    return bool(payload["receiver"] == receiver and payload["groupLabels"].get("run_id") == run_id)
+
+
+def test_alertmanager_sends_one_notification_per_run_and_severity(tmp_path: Path) -> None:
+    # Issue 25: every rank of run "wide" fires its own alerts and the run its run-wide twins (scope
+    # "run"); rank 2 of run "narrow" alone fires its own. The per-rank alerts arrive first, as they
+    # can within one rule evaluation: the inhibition holds at the groups' flush.
+    with WebhookReceiver() as hook:
+        path = _example_for(hook, tmp_path)
+
+        def alert(name: str, severity: str, run_id: str, rank: str | None = None) -> dict[str, Any]:
+            where = {"scope": "run"} if rank is None else {"scope": "rank", "rank": rank, "device": "cuda:0",
+                                                           "instance": f"trainer-{rank}:9400"}
+            return {"labels": {"alertname": name, "severity": severity, "job": "memexporter", "run_id": run_id,
+                               **where}, "annotations": {"summary": name}}
+
+        fired = [("MemexporterOOMImminent", "critical"), ("MemexporterOOMPredicted", "warning"),
+                 ("MemexporterMemoryLeak", "warning")]
+        ranks = [alert(n, s, "wide", r) for r in "0123" for n, s in fired]
+        ranks += [alert(n, s, "narrow", "2") for n, s in fired if n != "MemexporterOOMPredicted"]
+        with running_alertmanager(path) as am:
+            _post_alerts(am.url, ranks + [alert(n, s, "wide") for n, s in fired])
+            for receiver in ("training-pager", "training-chat"):
+                hook.wait_for(partial(_run_notified, receiver, "wide"), timeout=30)
+            time.sleep(3)  # every group (group_wait 1s) has flushed by now
+            got = sorted((r.path, r.payload["groupLabels"].get("run_id"), r.payload["groupLabels"].get("rank", "-"),
+                          tuple((a["labels"]["alertname"], a["labels"]["scope"]) for a in r.payload["alerts"]))
+                         for r in hook.received)
+            # One page and one chat message for the wide run, each of its run alerts; its OOMPredicted is
+            # inhibited by the critical twin. The narrow run's rank 2 is notified on its own, per alert.
+            assert got == [
+                ("/training-chat", "narrow", "2", (("MemexporterMemoryLeak", "rank"),)),
+                ("/training-chat", "wide", "-", (("MemexporterMemoryLeak", "run"),)),
+                ("/training-pager", "narrow", "2", (("MemexporterOOMImminent", "rank"),)),
+                ("/training-pager", "wide", "-", (("MemexporterOOMImminent", "run"),)),
+            ], got
+            wide = [a for a in am.alerts() if a["labels"]["run_id"] == "wide" and a["labels"]["scope"] == "rank"]
+            assert len(wide) == 12 and all(a["status"]["state"] == "suppressed" for a in wide), wide

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from tests.support import REPO_ROOT
 from tests.support.binaries import require
 from tests.support.process import start_on_free_port, tail
 from tests.support.prometheus import http_json
@@ -112,6 +113,23 @@ def webhook_config(webhook_url: str, group_by: tuple[str, ...] = ("alertname",))
         "receivers": [{"name": "webhook",
                        "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
     }
+
+
+EXAMPLE = REPO_ROOT / "alertmanager" / "alertmanager.example.yml"
+# The example's placeholder receivers, and the path each gets on a test's webhook.
+PLACEHOLDERS = {"http://pager.example.invalid/memexporter": "pager", "http://chat.example.invalid/memexporter": "chat"}
+
+
+def routed_example(folder: Path, webhook_url: str) -> Path:
+    """``folder/alertmanager.yml``: the shipped routing example byte for byte, but for its two
+    placeholder receiver URLs, which point at ``webhook_url`` (``.../pager`` and ``.../chat``)."""
+    text = EXAMPLE.read_text(encoding="utf-8")
+    for placeholder, path in PLACEHOLDERS.items():
+        assert placeholder in text, f"the example no longer has the {placeholder} placeholder"
+        text = text.replace(placeholder, webhook_url.rstrip("/") + "/" + path)
+    out = folder / "alertmanager.yml"
+    out.write_text(text, encoding="utf-8")
+    return out
 
 
 @dataclass

@@ -25,8 +25,11 @@ Value = float | None  # None: no sample (a blank), math.nan: the stale marker
 
 @dataclass(frozen=True)
 class Process:
-    """One process lifetime. ``labels``: job, instance, rank, device. ``gone``: the target leaves
-    service discovery when the process ends (``up`` goes stale instead of reading 0)."""
+    """One process lifetime. ``labels``: job, instance, rank, device, and any target labels (say
+    ``namespace``, or a relabelled ``run_id``). ``gone``: the target leaves service discovery when
+    the process ends (``up`` goes stale instead of reading 0). ``run_id``: the exporter's
+    ``memexporter_run_info`` (``exported_run_id`` when the target sets its own ``run_id``); empty:
+    an exporter from before run_info."""
 
     labels: dict[str, str]
     limit: float
@@ -36,6 +39,10 @@ class Process:
     window: int = 200
     failed: frozenset[int] = frozenset()  # scrapes (by index) that fail: stale markers, up 0
     missing: frozenset[int] = frozenset()  # scrapes without the exporter's series (a collector raised), up 1
+    run_id: str = ""
+    run_id_source: str = "memexporter"
+    build_info: bool = False  # memexporter_build_info, the one info series of an exporter before run_info
+    used: bool = False  # memexporter_memory_used_bytes, scraped mid-step: halfway from baseline to peak
 
     @property
     def end(self) -> float:
@@ -81,7 +88,11 @@ def scrape(processes: Iterable[Process], interval: float, duration: float) -> Sc
 
 def _scrape_process(out: Scraped, p: Process, later: list[Process]) -> None:
     labels, rank_labels = p.labels, {k: v for k, v in p.labels.items() if k != "device"}
-    target = {k: v for k, v in p.labels.items() if k in ("job", "instance")}
+    target = {k: v for k, v in p.labels.items() if k not in ("rank", "device")}
+    # A target label run_id wins: Prometheus renames the exporter's label exported_run_id.
+    info = {**rank_labels, ("exported_run_id" if "run_id" in rank_labels else "run_id"): p.run_id,
+            "run_id_source": p.run_id_source, "detail": "per_rank"}
+    build = {**rank_labels, "version": "0.9.0", "torch_version": "2.4.0", "cuda_version": "12.4"}
     window, done = TrendWindow(p.window, p.warmup_steps), 0
     start = p.steps[0][0] - p.steps[0][0] % out.interval if p.steps else 0.0
     restart = min((q.steps[0][0] for q in later), default=math.inf)
@@ -94,6 +105,12 @@ def _scrape_process(out: Scraped, p: Process, later: list[Process]) -> None:
                 for name in _GAUGES:
                     out.put(name, labels, k, math.nan)
                 out.put("memexporter_steps_total", rank_labels, k, math.nan)
+                if p.run_id:
+                    out.put("memexporter_run_info", info, k, math.nan)
+                if p.used:
+                    out.put("memexporter_memory_used_bytes", labels, k, math.nan)
+                if p.build_info:
+                    out.put("memexporter_build_info", build, k, math.nan)
                 done = -1
             out.put("up", target, k, math.nan if p.gone else 0.0)
             continue
@@ -105,6 +122,8 @@ def _scrape_process(out: Scraped, p: Process, later: list[Process]) -> None:
             for name in _GAUGES:
                 out.put(name, labels, k, math.nan if done else None)
             out.put("memexporter_steps_total", rank_labels, k, math.nan)
+            if p.run_id:  # a failed scrape loses it too; a failing trend collector does not
+                out.put("memexporter_run_info", info, k, math.nan if k in p.failed else 1.0)
             out.put("up", target, k, 0.0 if k in p.failed else 1.0)
             continue
         est = estimate(window.snapshot(), p.limit)
@@ -113,14 +132,25 @@ def _scrape_process(out: Scraped, p: Process, later: list[Process]) -> None:
                   "memexporter_leak_rate_bytes_per_second": est.leak_bytes_per_second,
                   "memexporter_leak_bytes_per_step": est.leak_bytes_per_step,
                   "memexporter_oom_eta_seconds": est.oom_eta_seconds}
+        if p.used:
+            values["memexporter_memory_used_bytes"] = (est.baseline_bytes + est.peak_bytes) / 2
         for name, value in values.items():
             out.put(name, labels, k, value if done else None)
         out.put("memexporter_steps_total", rank_labels, k, float(done))
+        if p.build_info:
+            out.put("memexporter_build_info", build, k, 1.0)
+        if p.run_id:
+            out.put("memexporter_run_info", info, k, 1.0)
         out.put("up", target, k, 1.0)
 
 
 _GAUGES = ("memexporter_memory_limit_bytes", "memexporter_memory_peak_bytes", "memexporter_memory_baseline_bytes",
            "memexporter_leak_rate_bytes_per_second", "memexporter_leak_bytes_per_step", "memexporter_oom_eta_seconds")
+
+
+def as_written(v: float) -> float:
+    """``v`` as promtool reads it back from ``encode``'s text (numbers are written to 0.1)."""
+    return float(_number(v))
 
 
 def _number(v: float) -> str:
