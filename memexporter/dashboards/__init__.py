@@ -1,8 +1,11 @@
 """The Grafana dashboards, generated: ``python -m memexporter.dashboards [--check]``.
 
-- ``panels``: the panel tables of each dashboard (title, type, unit, description, queries);
+- ``scope``: what every query selects (the run and the ranks, through ``memexporter_run_info``, once);
+- ``variables``: the data source, job, run, instance, rank and Top K variables;
+- ``overview`` and ``panels``: the panel tables of each dashboard (title, type, unit, description, queries);
 - ``annotations``: the Overview's annotation queries (firing alerts, a probable fatal OOM, out-of-step phases);
-- ``grafana``: their rendering into Grafana's classic JSON model (layout, variables, annotations);
+- ``grafana``: their rendering into Grafana's classic JSON model (layout, rows, variables, annotations);
+- ``queries``: ``panel_queries()``, every query with the variables filled in as Grafana would (benchmarks);
 - ``cli``: writes ``grafana/dashboards/*.json``; ``--check`` exits 1 when the committed files drift;
 - ``export``: ``memexporter dashboards``, the same JSON from an installed package, or as ConfigMaps.
 """
@@ -10,16 +13,21 @@
 from memexporter.dashboards.cli import OUT_DIR, main
 from memexporter.dashboards.grafana import (
     GPU_ONLY,
+    RUN_WIDE,
     SCHEMA_VERSION,
     SHARDED_ONLY,
     Panel,
+    Row,
     dashboard,
     gpu_only,
     metrics_of,
     render,
     sharded_only,
 )
-from memexporter.dashboards.panels import SEL, build, by_kind, m
+from memexporter.dashboards.panels import build
+from memexporter.dashboards.queries import Query, formatted, interpolate, panel_queries
+from memexporter.dashboards.scope import by_kind, m
 
-__all__ = ["GPU_ONLY", "OUT_DIR", "SCHEMA_VERSION", "SEL", "SHARDED_ONLY", "Panel", "build", "by_kind", "dashboard",
-           "gpu_only", "m", "main", "metrics_of", "render", "sharded_only"]
+__all__ = ["GPU_ONLY", "OUT_DIR", "RUN_WIDE", "SCHEMA_VERSION", "SHARDED_ONLY", "Panel", "Query", "Row", "build",
+           "by_kind", "dashboard", "formatted", "gpu_only", "interpolate", "m", "main", "metrics_of",
+           "panel_queries", "render", "sharded_only"]

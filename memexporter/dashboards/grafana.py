@@ -1,27 +1,30 @@
 """Grafana's classic dashboard JSON model (schemaVersion 39, loads in Grafana 10 and 11), from panel tables.
 
 A ``Panel`` is a row of a table (title, type, unit, description, queries); ``dashboard()`` lays the
-panels out on the 24-column grid and adds the data source, job, instance and rank variables. A
-panel whose every query needs a CUDA-only metric (``cuda_only`` in the spec table) gets the suffix
-``(GPU only)`` in its description, so readers and tests know it stays empty on a CPU job; one whose
-every query needs a metric of sharded models only (``sharded_only``) gets ``(sharded models only)``.
+panels out on the 24-column grid (a ``Row`` folds panels under a header, collapsed by default: Grafana
+runs their queries only once it is opened) and adds the variables (``variables.py``). A panel whose
+every query needs a CUDA-only metric (``cuda_only`` in the spec table) gets the suffix ``(GPU only)``
+in its description, so readers and tests know it stays empty on a CPU job; one whose every query
+needs a metric of sharded models only (``sharded_only``) gets ``(sharded models only)``; one that
+reads the whole run (``run_wide``: per-run recording rules, or every rank of the run) says so.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from memexporter.dashboards.variables import DS, JSON, variables
 from memexporter.metrics import BY_NAME
 
-JSON = dict[str, Any]
-DS: JSON = {"type": "prometheus", "uid": "${datasource}"}
 GPU_ONLY = " (GPU only)"
 SHARDED_ONLY = " (sharded models only)"
+RUN_WIDE = " Whole run: the instance and rank selection does not apply."
 SCHEMA_VERSION = 39
-_METRIC = re.compile(r"\bmemexporter_[a-z0-9_]+\b")
+# An exporter series, not a recording rule that names one (``run_device_kind:memexporter_...:max``).
+_METRIC = re.compile(r"(?<![\w:])memexporter_[a-z0-9_]+(?![\w:])")
 
 
 @dataclass(frozen=True)
@@ -38,10 +41,20 @@ class Panel:
     stack: bool = False
     instant: bool = False
     thresholds: tuple[tuple[str, float | None], ...] = (("green", None),)
+    run_wide: bool = False  # reads the whole run: $instance and $rank do not apply
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row header with its panels under it; collapsed, Grafana queries none of them until opened."""
+
+    title: str
+    panels: tuple[Panel, ...]
+    collapsed: bool = True
 
 
 def metrics_of(expr: str) -> set[str]:
-    """The memexporter metrics a query reads (the dashboards use no recording rules)."""
+    """The exporter's metrics a query reads (recording rules, ``level:metric:op``, excluded)."""
     return set(_METRIC.findall(expr))
 
 
@@ -87,7 +100,7 @@ def _panel(pid: int, p: Panel, pos: JSON) -> JSON:
         defaults["custom"] = {"fillOpacity": 30 if p.stack else 10, "lineWidth": 1, "showPoints": "never",
                               "stacking": {"group": "A", "mode": "normal" if p.stack else "none"}}
     out: JSON = {
-        "datasource": DS, "description": p.description + _suffix(exprs),
+        "datasource": DS, "description": p.description + _suffix(exprs) + (RUN_WIDE if p.run_wide else ""),
         "fieldConfig": {"defaults": defaults, "overrides": []}, "gridPos": pos, "id": pid,
         "options": _options(p), "targets": [_target(chr(65 + i), e, lg, p) for i, (e, lg) in enumerate(p.targets)],
         "title": p.title, "type": p.kind,
@@ -100,37 +113,44 @@ def _panel(pid: int, p: Panel, pos: JSON) -> JSON:
     return out
 
 
-def _layout(panels: list[Panel]) -> list[JSON]:
-    """Flow the panels left to right into the 24-column grid, wrapping to a new row when full."""
-    out, x, y, row_h = [], 0, 0, 0
-    for i, p in enumerate(panels, start=1):
+def _flow(panels: list[Panel], y: int) -> tuple[list[JSON], int]:
+    """Flow panels left to right into the 24-column grid from ``y``, wrapping when a line is full;
+    returns them (ids still 0) and the ``y`` below the last line."""
+    out: list[JSON] = []
+    x, line_h = 0, 0
+    for p in panels:
         if x + p.w > 24:
-            x, y, row_h = 0, y + row_h, 0
-        out.append(_panel(i, p, {"h": p.h, "w": p.w, "x": x, "y": y}))
-        x, row_h = x + p.w, max(row_h, p.h)
+            x, y, line_h = 0, y + line_h, 0
+        out.append(_panel(0, p, {"h": p.h, "w": p.w, "x": x, "y": y}))
+        x, line_h = x + p.w, max(line_h, p.h)
+    return out, y + line_h
+
+
+def _layout(items: Sequence[Panel | Row]) -> list[JSON]:
+    """Panels in order; a ``Row`` starts a new line with its header. A collapsed row holds its panels
+    (Grafana lays them out below it when opened), so what follows it starts right under the header."""
+    out: list[JSON] = []
+    y, loose = 0, list[Panel]()
+    for item in [*items, Row("", ())]:  # the sentinel flushes the last loose panels
+        if isinstance(item, Panel):
+            loose.append(item)
+            continue
+        placed, y = _flow(loose, y)
+        out, loose = out + placed, []
+        if not item.title:
+            break
+        children, below = _flow(list(item.panels), y + 1)
+        out.append({"collapsed": item.collapsed, "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "id": 0,
+                    "panels": children if item.collapsed else [], "title": item.title, "type": "row"})
+        out, y = (out, y + 1) if item.collapsed else (out + children, below)
+    for pid, panel in enumerate([q for p in out for q in (p, *p.get("panels", []))], start=1):
+        panel["id"] = pid
     return out
 
 
-def _query_var(name: str, query: str, sort: int) -> JSON:
-    return {"name": name, "label": name, "type": "query", "datasource": DS, "definition": query, "query": query,
-            "refresh": 2, "multi": True, "includeAll": True, "allValue": ".+", "sort": sort, "regex": "",
-            "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "hide": 0, "options": []}
-
-
-def _variables(extra: list[JSON]) -> list[JSON]:
-    info = "memexporter_build_info"
-    return [
-        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-         "current": {}, "hide": 0, "options": [], "refresh": 1, "regex": ""},
-        _query_var("job", f"label_values({info}, job)", 1),
-        _query_var("instance", f'label_values({info}{{job=~"$job"}}, instance)', 1),
-        _query_var("rank", f'label_values({info}{{job=~"$job", instance=~"$instance"}}, rank)', 3),
-        *extra,
-    ]
-
-
-def dashboard(uid: str, title: str, panels: list[Panel], extra_vars: list[JSON] | None = None,
-              annotations: list[JSON] | None = None) -> JSON:
+def dashboard(uid: str, title: str, panels: Sequence[Panel | Row], annotations: list[JSON] | None = None,
+              detail_ranks: bool = False) -> JSON:
+    """One dashboard; ``detail_ranks``: its rank variable offers only the ranks that export module rows."""
     builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
                "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}
     return {
@@ -138,7 +158,7 @@ def dashboard(uid: str, title: str, panels: list[Panel], extra_vars: list[JSON] 
         "editable": True, "graphTooltip": 1, "id": None, "links": [{"asDropdown": True, "includeVars": True,
         "keepTime": True, "tags": ["memexporter"], "title": "memexporter", "type": "dashboards"}],
         "panels": _layout(panels), "refresh": "30s", "schemaVersion": SCHEMA_VERSION, "tags": ["memexporter"],
-        "templating": {"list": _variables(extra_vars or [])}, "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": variables(detail_ranks)}, "time": {"from": "now-1h", "to": "now"},
         "timepicker": {}, "timezone": "browser", "title": f"memexporter / {title}", "uid": uid, "version": 1,
     }
 

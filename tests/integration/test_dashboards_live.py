@@ -2,9 +2,10 @@
 
 The demo trains on the CPU with per-module tracking on and an evaluation (an ``eval`` phase) every
 5 steps, so the phase panels and annotation have an out-of-step phase to show; Prometheus scrapes
-it every second. After
-about 25 s of data, each panel query (Grafana variables substituted as the dashboards would) must
-return at least one series. A GPU-only panel (every query needs a ``cuda_only`` metric of the spec
+it every second and evaluates the shipped rules (the demo preset: short windows), whose per-run
+recording rules the Overview's top reads. After about 25 s of data, each panel query (Grafana
+variables filled in as Grafana writes them: ``memexporter.dashboards.panel_queries``' formatting)
+must return at least one series, of the selected run and rank; a run-wide panel one per run. A GPU-only panel (every query needs a ``cuda_only`` metric of the spec
 table) cannot return data on a CPU job, so there Prometheus must accept each query (a parse error
 fails, an empty result does not) and every series it names must be in the spec table or a
 recording rule of the shipped rules: a typo cannot hide behind "empty on CPU".
@@ -18,20 +19,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from memexporter import dashboards
 from memexporter.metrics import SPECS
 from tests.support import REPO_ROOT
 from tests.support.binaries import require
 from tests.support.demo import running_demo
 from tests.support.ports import free_port
 from tests.support.prometheus import Prometheus, running_prometheus
-from tests.support.promql import BUILTINS, metric_names, recording_rules, substitute
+from tests.support.promql import BUILTINS, metric_names, recording_rules
+from tests.support.rules import render_preset
 
 # One module-scoped demo + Prometheus serves every test here: keep them on one xdist worker
 # (--dist loadgroup), or each worker would start its own.
@@ -40,13 +43,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group
 SECONDS_OF_DATA = 25
 DASHBOARDS = {p.name: json.loads(p.read_text(encoding="utf-8"))
               for p in sorted((REPO_ROOT / "grafana" / "dashboards").glob("*.json"))}
-PANELS = [(name, p) for name, dash in DASHBOARDS.items() for p in dash["panels"]]
+# Every panel with queries, those inside the Overview's collapsed row included.
+PANELS = [(name, p) for name, dash in DASHBOARDS.items() for row in dash["panels"]
+          for p in (row.get("panels", []) if row["type"] == "row" else [row])]
 PANEL_IDS = [f"{name.removeprefix('memexporter-').removesuffix('.json')}/{p['title']}" for name, p in PANELS]
 ANNOTATIONS = [(name, a) for name, dash in DASHBOARDS.items() for a in dash["annotations"]["list"] if "expr" in a]
 ALERT_ANNOTATIONS = [(name, a) for name, a in ANNOTATIONS if metric_names(a["expr"]) & {"ALERTS", "ALERTS_FOR_STATE"}]
 PHASE_ANNOTATIONS = [(name, a) for name, a in ANNOTATIONS if (name, a) not in ALERT_ANNOTATIONS]
 # An evaluation forward every 5 steps (a second): the demo's out-of-step phase.
 DEMO_ARGS = ("--eval-every", "5")
+RUN_ID = "dashboards-live"  # the demo's run (MEMEXPORTER_RUN_ID), as a launcher would name it
+RUN_ALERT = "MemexporterMemoryLeak"  # fires run-wide in the synthetic rules below
 RULE_FILES = sorted((REPO_ROOT / "alerts").glob("*.yml"))  # alerts/ holds rules files only
 SPEC_NAMES = {s.name for s in SPECS}
 CUDA_ONLY = {s.name for s in SPECS if s.cuda_only}
@@ -72,13 +79,16 @@ def shipped_alerts() -> set[str]:
 
 
 def always_firing_rules(path: Path) -> Path:
-    """Two alerts per shipped alert name over every demo series: one fires at once (what an
-    annotation over ``ALERTS`` must show; the real conditions take hours), one stays pending."""
-    expr = 'memexporter_steps_total{job="memexporter"} > 0'
+    """Two per-rank alerts (``scope="rank"``) per shipped alert name over every demo series: one fires
+    at once (what an annotation over ``ALERTS`` must show; the real conditions take hours), one stays
+    pending. ``RUN_ALERT`` also fires run-wide (``scope="run"``): its per-rank twin is then no mark."""
+    expr, rank = 'memexporter_steps_total{job="memexporter"} > 0', {"scope": "rank", "run_id": RUN_ID}
     rules = [rule for name in sorted(shipped_alerts()) for rule in (
-        {"alert": name, "expr": expr, "labels": {"severity": "test"}},
-        {"alert": name, "expr": expr, "for": "1h", "labels": {"severity": "test-pending"}},  # stays pending
+        {"alert": name, "expr": expr, "labels": {"severity": "test", **rank}},
+        {"alert": name, "expr": expr, "for": "1h", "labels": {"severity": "test-pending", **rank}},  # stays pending
     )]
+    rules.append({"alert": RUN_ALERT, "expr": f"max by (job) ({expr})",
+                  "labels": {"severity": "test", "scope": "run", "run_id": RUN_ID}})
     path.write_text(yaml.safe_dump({"groups": [{"name": "always-firing", "rules": rules}]}), encoding="utf-8")
     return path
 
@@ -88,15 +98,29 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus,
     require("prometheus")
     port = free_port()
     rules = always_firing_rules(tmp_path_factory.mktemp("rules") / "always-firing.rules.yml")
-    with running_demo(port, *DEMO_ARGS), running_prometheus([f"127.0.0.1:{port}"], [rules]) as prom:
+    shipped = render_preset(tmp_path_factory.mktemp("shipped"), "demo")
+    with (running_demo(port, *DEMO_ARGS, env={"MEMEXPORTER_RUN_ID": RUN_ID}),
+          running_prometheus([f"127.0.0.1:{port}"], [shipped, rules]) as prom):
         prom.wait_targets_up(timeout=30)
         prom.wait_for(
             f'count_over_time(memexporter_steps_total{{job="memexporter"}}[1m]) >= {SECONDS_OF_DATA}',
             timeout=SECONDS_OF_DATA + 30,
         )
-        # What Grafana sends for a selection of job "memexporter", this one instance and rank 0.
-        values = {"job": "memexporter", "instance": f"127.0.0.1:{port}", "rank": "0"}
+        (info,) = prom.query('memexporter_run_info{job="memexporter"}')
+        assert (info["metric"]["run_id"], info["metric"]["run_id_source"]) == (RUN_ID, "memexporter")
+        # What Grafana sends for a selection of job "memexporter", the demo's run, its one instance and rank 0.
+        values = {"job": "memexporter", "run_id": RUN_ID, "instance": f"127.0.0.1:{port}", "rank": "0"}
         yield prom, values
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    """``expr`` as Grafana sends it for ``values`` (each one value ticked, regex-escaped), Top K 10."""
+    table = {name: dashboards.formatted(value) for name, value in values.items()}
+    return dashboards.interpolate(expr, {**table, "topk": "10", "__rate_interval": "1m"})
+
+
+def run_wide(panel: dict[str, Any]) -> bool:
+    return str(panel["description"]).endswith(dashboards.RUN_WIDE)
 
 
 def _run(prom: Prometheus, expr: str, instant: bool) -> list[dict[str, Any]]:
@@ -123,8 +147,30 @@ def test_panel_queries_return_data(live: tuple[Prometheus, dict[str, str]], name
         assert result, f"{name}: {panel['title']!r}/{target['refId']} returned nothing: {expr}"
         for series in result:
             assert series["metric"].get("rank", "0") == "0", f"rank filter ignored: {series['metric']}"
+            if run_wide(panel):  # one series per run (and device kind), of the run selected
+                assert series["metric"]["run_id"] == values["run_id"], series["metric"]
         if "topk(" in expr:  # at most K series at any instant
             assert 0 < len(prom.query(expr)) <= 10, expr
+        other_run = substitute(target["expr"], {**values, "run_id": "some-other-run"})
+        assert _run(prom, other_run, target["instant"]) == [], f"{name}: {panel['title']!r} ignores the run: {other_run}"
+
+
+def test_every_query_as_the_benchmark_sends_it(live: tuple[Prometheus, dict[str, str]]) -> None:
+    """``panel_queries()``, the list the scale benchmark runs, against the real Prometheus: every query
+    is accepted, also with 1,024 ranks ticked (Grafana's long regex), and answers as with rank 0 alone
+    (the demo has rank 0 only)."""
+    prom, values = live
+    one, many = (dashboards.panel_queries(job=values["job"], run_id=values["run_id"], instances=values["instance"],
+                                          ranks=ranks) for ranks in (["0"], [str(r) for r in range(1024)]))
+    assert len(one) == len(many) == sum(len(p["targets"]) for _, p in PANELS) + len(ANNOTATIONS)
+    for a, b in zip(one, many, strict=True):
+        assert len(b.expr) < 16 * 1024, (b.panel, len(b.expr))
+        got_one, got_many = prom.query(a.expr), prom.query(b.expr)
+        assert _labels(got_one) == _labels(got_many), (a.dashboard, a.panel, a.ref)
+
+
+def _labels(result: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return sorted((s["metric"] for s in result), key=lambda m: sorted(m.items()))
 
 
 def test_gpu_only_and_cpu_panels_both_exist() -> None:
@@ -143,6 +189,15 @@ def test_variable_queries_list_the_demo(live: tuple[Prometheus, dict[str, str]])
             selector = var["query"].removeprefix("label_values(").rsplit(",", 1)[0]
             found = {s["metric"].get(var["name"]) for s in prom.query(substitute(selector, values))}
             assert values[var["name"]] in found, f"{dash['uid']}: ${var['name']} would not offer {values[var['name']]}"
+
+
+def test_module_rows_come_from_the_demos_own_rank(live: tuple[Prometheus, dict[str, str]]) -> None:
+    prom, values = live
+    (panel,) = [p for _, p in PANELS if p["title"] == "Ranks with module rows"]
+    ((target),) = panel["targets"]
+    (row,) = prom.query(substitute(target["expr"], values))
+    # One rank on its own: below 64 ranks every rank exports its own rows.
+    assert (row["metric"]["detail"], row["metric"]["run_id"], row["value"][1]) == ("per_rank", values["run_id"], "1")
 
 
 def test_modules_table_has_a_row_per_module(live: tuple[Prometheus, dict[str, str]]) -> None:
@@ -167,16 +222,27 @@ def test_alert_annotations_show_the_jobs_firing_alerts(live: tuple[Prometheus, d
     assert names & {"ALERTS", "ALERTS_FOR_STATE"}, f"{name}: {note['name']!r} is not an alert annotation"
     alerts = shipped_alerts()
     expr = substitute(note["expr"], values)
-    found = prom.wait_for(expr, timeout=30)  # the synthetic alerts fire within a few evaluations
+    # The synthetic alerts fire within a few evaluations (all at once: one group, no `for`).
+    ready: Callable[[list[dict[str, Any]]], bool] = bool
+    if "ALERTS" in names:
+        ready = lambda r: any(s["metric"]["alertname"] == RUN_ALERT for s in r)  # noqa: E731
+    found = prom.wait_for(expr, timeout=30, predicate=ready)
     for series in found:
         labels = series["metric"]
         assert labels["alertname"] in alerts, labels
         assert labels["job"] == values["job"], labels
         if "ALERTS" in names:  # one mark per firing alert, none for a pending one
             assert labels["alertstate"] == "firing", labels
+            assert labels["run_id"] == values["run_id"], labels
         else:  # ALERTS_FOR_STATE * 1000: marked at the moment the alert went active (ms)
             assert note["useValueForTime"], note
             assert time.time() - 600 < float(series["value"][1]) / 1000 <= time.time(), series
+    if "ALERTS" in names:
+        # The run-wide alert is the mark of its name: its per-rank twin is muted, as Alertmanager does;
+        # every other alert is its rank's own mark.
+        marks = {(s["metric"]["alertname"], s["metric"]["scope"]) for s in found}
+        assert (RUN_ALERT, "run") in marks and (RUN_ALERT, "rank") not in marks, marks
+        assert {n for n, scope in marks if scope == "rank"} >= alerts - {RUN_ALERT, "MemexporterFatalOOMSuspected"}
     other_job = substitute(note["expr"], {**values, "job": "some-other-job"})
     assert prom.query(other_job) == [], f"{name}: {note['name']!r} ignores the job variable: {other_job}"
 
@@ -190,9 +256,9 @@ def test_phase_annotation_marks_the_demos_evaluations(live: tuple[Prometheus, di
     end = time.time()
     found = prom.query_range(expr, end - 60, end, step=note["step"])
     assert found, f"{name}: {note['name']!r} marks nothing while the demo evaluates every second: {expr}"
-    for series in found:
+    for series in found:  # one series per run and phase, however many ranks evaluate
         assert series["metric"]["phase"] == "eval", series["metric"]  # forward, backward, optimizer: not marked
-        assert series["metric"]["rank"] == values["rank"], series["metric"]
+        assert series["metric"] == {"job": values["job"], "run_id": values["run_id"], "phase": "eval"}, series
         assert all(float(v) >= 1 for _, v in series["values"]), series
     other_rank = substitute(note["expr"], {**values, "rank": "7"})
     assert prom.query(other_rank) == [], f"{name}: {note['name']!r} ignores the rank variable: {other_rank}"

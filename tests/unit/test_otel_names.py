@@ -90,7 +90,7 @@ def test_the_previous_names_would_have_broken_and_this_check_sees_it() -> None:
 
 def test_every_family_the_rules_and_dashboards_read_has_an_instrument() -> None:
     read = families_read_by_shipped_queries()
-    assert {"memexporter_build_info", "memexporter_steps_total", "memexporter_oom_eta_seconds"} <= read
+    assert {"memexporter_run_info", "memexporter_steps_total", "memexporter_oom_eta_seconds"} <= read
     translated = {translate(i.name, i.unit, KIND_TO_TYPE[i.kind]) for i in ROW_INSTRUMENTS}
     assert read <= translated, sorted(read - translated)
 

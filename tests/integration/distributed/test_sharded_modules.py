@@ -230,6 +230,8 @@ def test_sharded_dashboard_panels_read_the_ranks_scrapes_in_promtool(results: di
     ranks = ranks_of(results, "fsdp2_after_reshard")
     series = []
     for r, res in enumerate(ranks):
+        series.append({"series": f'memexporter_run_info{{job="memexporter", instance="127.0.0.1:{9400 + r}", '
+                                 f'rank="{r}", run_id="sharded", detail="per_rank"}}', "values": "1x4"})
         for family in ("parameter", "parameter_unsharded"):
             for module, value in rows(res, family).items():
                 labels = f'job="memexporter", instance="127.0.0.1:{9400 + r}", rank="{r}", module="{module}"'
