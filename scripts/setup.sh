@@ -3,8 +3,9 @@
 # Python 3.10+. Idempotent: a second run only checks (a stamp in the venv records pyproject.toml's
 # hash and the extras installed; pip runs again only when they change).
 #   scripts/setup.sh            venv + package (+ a CPU build of torch when torch is missing)
-#   scripts/setup.sh --test     also the dev tools and Debian's prometheus, prometheus-alertmanager
-#                               and docker-compose (the compose file's schema check)
+#   scripts/setup.sh --test     also the dev tools and Debian's prometheus, prometheus-alertmanager,
+#                               victoria-metrics (VictoriaMetrics single-node and vmalert: the
+#                               long-term-store test) and docker-compose (the compose file's schema check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -81,10 +82,13 @@ if [[ $want_test -eq 1 ]]; then
   missing=()
   command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
   command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
+  command -v victoria-metrics >/dev/null && command -v vmalert >/dev/null || missing+=(victoria-metrics)
   # Compose v1 validates deploy/compose/compose.yaml against the compose schema, with no engine.
   command -v docker-compose >/dev/null || missing+=(docker-compose)
   if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
-  say "prometheus $(prometheus --version 2>&1 | head -1 | awk '{print $3}'), alertmanager $(prometheus-alertmanager --version 2>&1 | head -1 | awk '{print $3}')"
+  # Debian's victoria-metrics binaries print an empty -version; dpkg knows the package's.
+  vm_version="$(dpkg-query -W -f='${Version}' victoria-metrics 2>/dev/null || echo unknown)"
+  say "prometheus $(prometheus --version 2>&1 | head -1 | awk '{print $3}'), alertmanager $(prometheus-alertmanager --version 2>&1 | head -1 | awk '{print $3}'), victoria-metrics ${vm_version%%+*}"
 fi
 ready() { "$VPY" -c 'import torch, memexporter; print(f"memexporter {memexporter.__version__}, torch {torch.__version__}")'; }
 if ! versions="$(ready 2>/dev/null)"; then

@@ -23,6 +23,9 @@ KNOWN: dict[str, tuple[tuple[str, ...], str]] = {
     # Debian installs Alertmanager as prometheus-alertmanager; upstream tarballs call it alertmanager.
     "alertmanager": (("prometheus-alertmanager", "alertmanager"), "apt-get install prometheus-alertmanager"),
     "amtool": (("amtool",), "apt-get install prometheus-alertmanager"),
+    # VictoriaMetrics single-node and its rule evaluator (tests/support/victoriametrics.py).
+    "victoria-metrics": (("victoria-metrics", "victoria-metrics-prod"), "apt-get install victoria-metrics"),
+    "vmalert": (("vmalert", "vmalert-prod"), "apt-get install victoria-metrics"),
     "torchrun": (("torchrun",), "pip install torch"),
     # Compose v1: validates a compose file against the schema without an engine (`config -q`).
     "docker-compose": (("docker-compose",), "apt-get install docker-compose"),
