@@ -24,6 +24,12 @@
 - ``frameworks``: ``/metrics`` read as Prometheus would and the bytes module rows must add up to,
   from the live tensors' element counts, for the tests under real frameworks (HF, Lightning,
   accelerate, DDP, FSDP2).
+- ``victoriametrics``: VictoriaMetrics single-node, vmalert (the flags of deploy/victoriametrics/vmalert.default)
+  and a Prometheus agent that remote-writes to it.
+- ``ranksim`` (with ``rank_exposition``, ``ranksim_server``): N simulated ranks of one or more runs in one
+  process, each serving the exporter's own exposition (rendered by memexporter over SYNTHETIC CUDA
+  stand-ins), for the paging test and ``benchmarks/bench_scale.py``; ``tsdb_blocks``: their history
+  backfilled into Prometheus blocks.
 
 ``test_harness.py`` here tests the harness itself against the real binaries.
 """
