@@ -30,6 +30,7 @@ from tests.support.promql import (
     rule_exprs,
     substitute,
 )
+from tests.support.rules import RUN_RECORDS
 
 BUILT = dashboards.build()
 DASHBOARDS = sorted(BUILT.items())
@@ -42,17 +43,6 @@ EXPECTED = {
 DS_UID = "${datasource}"
 GRAFANA_BUILTIN_VARS = {"__rate_interval", "__interval", "__range", "__range_s", "__interval_ms"}
 RULE_FILES = sorted((REPO_ROOT / "alerts").glob("*.rules.yml"))
-# The per-run recording rules of the rules (issue 25's contract): what the Overview's top reads.
-RUN_RULES = {
-    "run_device_kind:memexporter_memory_peak_utilisation:max",
-    "run_device_kind:memexporter_memory_peak_utilisation:worst_rank",
-    "run_device_kind:memexporter_memory_peak_utilisation:spread",
-    "run_device_kind:memexporter_oom_eta_seconds:min",
-    "run_device_kind:memexporter_memory_used_bytes:sum",
-    "run_device_kind:memexporter_memory_limit_bytes:sum",
-    "run_device_kind:memexporter_leak_rate_bytes_per_second:max",
-    "run:memexporter_ranks:count",
-}
 RANKS_1024 = [str(r) for r in range(1024)]
 VM_MAX_QUERY_LEN = 16 * 1024  # VictoriaMetrics' -search.maxQueryLen default: "too long query" past it
 
@@ -400,7 +390,7 @@ def test_overview_reads_the_run_and_drills_into_ranks_on_request() -> None:
     (row,) = [p for p in dash["panels"] if p["type"] == "row"]
     # The top reads the per-run recording rules only: a refresh costs one series per run and device kind.
     read = {n for p in top for t in p["targets"] for n in metric_names(t["expr"])}
-    assert read == RUN_RULES
+    assert read == set(RUN_RECORDS)
     # The ranks are in a row collapsed by default: Grafana runs none of its queries until it is opened.
     assert row["collapsed"] is True
     assert dash["panels"][-1] is row

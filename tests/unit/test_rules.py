@@ -18,6 +18,7 @@ from memexporter.metrics import BY_NAME
 from memexporter.tracking.phases import OUT_OF_STEP_PHASES
 from tests.support import REPO_ROOT
 from tests.support.promql import metric_names
+from tests.support.rules import RUN_RECORDS
 
 ALERTS_DIR = REPO_ROOT / "alerts"
 COMMITTED = {"default": ALERTS_DIR / "memexporter.rules.yml"}
@@ -38,17 +39,6 @@ ALL_ALERTS = CONTRACT_ALERTS + ADDED_ALERTS
 # One rank against its peers: a cause of its own, never shared by the whole run.
 NO_RUN_TWIN = ("MemexporterRankImbalance",)
 SCOPED = [(name, "rank") for name in ALL_ALERTS] + [(name, "run") for name in ALL_ALERTS if name not in NO_RUN_TWIN]
-# The per-run records the dashboards read (issue 25's contract), and the run identity they join.
-RUN_RECORDS = (
-    "run_device_kind:memexporter_memory_peak_utilisation:max",
-    "run_device_kind:memexporter_memory_peak_utilisation:worst_rank",
-    "run_device_kind:memexporter_memory_peak_utilisation:spread",
-    "run_device_kind:memexporter_oom_eta_seconds:min",
-    "run_device_kind:memexporter_memory_used_bytes:sum",
-    "run_device_kind:memexporter_memory_limit_bytes:sum",
-    "run_device_kind:memexporter_leak_rate_bytes_per_second:max",
-    "run:memexporter_ranks:count",
-)
 # The rules may read any series in the spec table (the single source of truth), their own records,
 # and Prometheus' own `up` (MemexporterFatalOOMSuspected tells a dead target from a failing collector).
 RULE_INPUTS = frozenset(BY_NAME) | {"up"}
