@@ -34,8 +34,8 @@ import yaml
 from tests.support.alertmanager import EXAMPLE, Received, WebhookReceiver, routed_example, running_alertmanager
 from tests.support.probe import seconds
 from tests.support.prometheus import running_prometheus
-from tests.support.rank_exposition import generate
-from tests.support.ranksim import RankSim, Template, adapt
+from tests.support.rank_exposition import adapt, generate
+from tests.support.ranksim import RankSim, Template
 from tests.support.ranksim_server import RankServers
 from tests.support.rules import render_preset
 
