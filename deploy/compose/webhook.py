@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,6 +38,12 @@ def lines(payload: dict[str, Any]) -> list[str]:
     return out
 
 
+# One notification per line: requests are served on threads, and print() writes the line and its
+# newline separately, so two notifications arriving together (a page and a chat message flushed at
+# the same group_wait) could otherwise share a line.
+_PRINT = threading.Lock()
+
+
 class Handler(BaseHTTPRequestHandler):
     timeout = 10  # seconds per socket operation: a client that stalls is dropped
 
@@ -56,8 +63,9 @@ class Handler(BaseHTTPRequestHandler):
         except (ValueError, AttributeError, TypeError) as exc:
             self.send_error(400, f"not an Alertmanager webhook payload: {exc}")
             return
-        for line in text:
-            print(line, flush=True)
+        with _PRINT:
+            for line in text:
+                print(line, flush=True)
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
