@@ -43,21 +43,17 @@ def http_json(url: str, data: bytes | None = None, timeout: float = 10.0) -> Any
             raise QueryError(f"{url}: HTTP {err.code}: {body[:500]!r}") from None
 
 
-@dataclass
-class Prometheus:
-    """A running server. ``url`` has no trailing slash; ``workdir`` holds config, data and log."""
+class QueryApi:
+    """The Prometheus HTTP query API over ``self.url``, for Prometheus and for the servers that
+    answer it too (VictoriaMetrics). ``form`` is sent with every call; ``_unsatisfied`` says what
+    a ``wait_for`` that timed out should add to its error."""
 
     url: str
-    workdir: Path
-    config: Mapping[str, Any]
-    proc: subprocess.Popen[bytes]
-
-    @property
-    def log(self) -> str:
-        return tail(self.workdir / "prometheus.log")
+    form: Mapping[str, str] = {}
 
     def api(self, path: str, **params: str) -> Any:
         """``/api/v1/<path>`` with form parameters (POST, so long PromQL fits); returns ``data``."""
+        params = {**params, **self.form}
         body = http_json(f"{self.url}/api/v1/{path}", urllib.parse.urlencode(params).encode() if params else None)
         if body.get("status") != "success":
             raise QueryError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
@@ -81,17 +77,37 @@ class Prometheus:
         interval: float = 0.5,
     ) -> list[Sample]:
         """Poll ``expr`` until ``predicate(result)`` (default: non-empty); the last result, or
-        ``TimeoutError`` naming the query, its last result and the targets' health."""
+        ``TimeoutError`` naming the query, its last result and ``_unsatisfied()``."""
         deadline = time.monotonic() + timeout
         while True:
             result = self.query(expr)
             if predicate(result):
                 return result
             if time.monotonic() > deadline:
-                health = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in self.targets()]
-                raise TimeoutError(f"{expr!r} not satisfied after {timeout:.0f} s; last result {result}; "
-                                   f"targets {health}")
+                raise TimeoutError(f"{expr!r} not satisfied after {timeout:.0f} s; last result {result}"
+                                   f"{self._unsatisfied()}")
             time.sleep(interval)
+
+    def _unsatisfied(self) -> str:
+        return ""
+
+
+@dataclass
+class Prometheus(QueryApi):
+    """A running server. ``url`` has no trailing slash; ``workdir`` holds config, data and log."""
+
+    url: str
+    workdir: Path
+    config: Mapping[str, Any]
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def log(self) -> str:
+        return tail(self.workdir / "prometheus.log")
+
+    def _unsatisfied(self) -> str:
+        health = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in self.targets()]
+        return f"; targets {health}"
 
     def targets(self) -> list[dict[str, Any]]:
         """The active targets (``scrapeUrl``, ``health``, ``lastError``, ``labels``...)."""

@@ -18,11 +18,10 @@ import contextlib
 import shlex
 import subprocess
 import tempfile
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ import yaml
 from tests.support import REPO_ROOT
 from tests.support.binaries import require
 from tests.support.process import start_on_free_port, tail
-from tests.support.prometheus import Prometheus, QueryError, Sample, http_json
+from tests.support.prometheus import Prometheus, QueryApi, http_json
 
 DEPLOY = REPO_ROOT / "deploy" / "victoriametrics"
 VMALERT_DEFAULT = DEPLOY / "vmalert.default"
@@ -42,7 +41,7 @@ EXAMPLE_AM_URL = "http://127.0.0.1:9093"
 
 
 @dataclass
-class VictoriaMetrics:
+class VictoriaMetrics(QueryApi):
     """A running single-node server; ``url`` (no trailing slash) serves the Prometheus query API.
 
     Queries go with ``nocache=1``, as vmalert's shipped ``-datasource.url`` sends them: otherwise
@@ -53,6 +52,7 @@ class VictoriaMetrics:
     url: str
     workdir: Path
     proc: subprocess.Popen[bytes]
+    form: Mapping[str, str] = field(default_factory=lambda: {"nocache": "1"})
 
     @property
     def write_url(self) -> str:
@@ -63,34 +63,8 @@ class VictoriaMetrics:
     def log(self) -> str:
         return tail(self.workdir / "victoria-metrics.log")
 
-    def api(self, path: str, **params: str) -> Any:
-        """``/api/v1/<path>`` with form parameters (POST, ``nocache=1``); returns ``data``."""
-        body = http_json(f"{self.url}/api/v1/{path}", urllib.parse.urlencode({**params, "nocache": "1"}).encode())
-        if body.get("status") != "success":
-            raise QueryError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
-        return body["data"]
-
-    def query(self, expr: str, time_: float | None = None) -> list[Sample]:
-        """Instant query as Prometheus answers it (``[{"metric", "value"}]``; a scalar is one sample)."""
-        data = self.api("query", query=expr, **({"time": f"{time_:.3f}"} if time_ is not None else {}))
-        if data["resultType"] in ("scalar", "string"):
-            return [{"metric": {}, "value": data["result"]}]
-        return list(data["result"])
-
-    def query_range(self, expr: str, start: float, end: float, step: str = "1s") -> list[Sample]:
-        return list(self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=step)["result"])
-
-    def wait_for(self, expr: str, timeout: float = 30.0,
-                 predicate: Callable[[list[Sample]], bool] = bool) -> list[Sample]:
-        """Poll ``expr`` until ``predicate(result)`` (default: non-empty); ``TimeoutError`` otherwise."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = self.query(expr)
-            if predicate(result):
-                return result
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"VictoriaMetrics: {expr!r} not satisfied after {timeout:.0f} s; last {result}")
-            time.sleep(0.5)
+    def _unsatisfied(self) -> str:
+        return f"; VictoriaMetrics at {self.url}"
 
 
 @contextlib.contextmanager
