@@ -178,9 +178,21 @@ def test_alerts_read_their_condition_recorded_once(name: str) -> None:
     assert order.index(condition) + 1 == order.index((name, "rank")) == order.index((name, "run")) - 1
 
 
+GROUPS = ["memexporter.rules", "memexporter.trends", "memexporter.runs", "memexporter.forecast", "memexporter.alerts"]
+
+
+def test_every_promtool_test_evaluates_the_groups_in_their_order() -> None:
+    # promtool evaluates the groups of one instant in group_eval_order: a test file that names the
+    # groups of an older release would fail to load (a group missing) or read records a step late.
+    files = [*(REPO_ROOT / "alerts" / "tests").glob("*.yml"), *(REPO_ROOT / "tests" / "promtool").glob("*.yml")]
+    assert len(files) >= 8
+    for path in files:
+        assert yaml.safe_load(path.read_text())["group_eval_order"] == GROUPS, path
+
+
 def test_run_records_are_the_contracts() -> None:
     groups = {g["name"]: [r.get("record") or r["alert"] for r in g["rules"]] for g in yaml.safe_load(DEFAULT)["groups"]}
-    assert list(groups) == ["memexporter.rules", "memexporter.runs", "memexporter.forecast", "memexporter.alerts"]
+    assert list(groups) == GROUPS
     assert sorted(groups["memexporter.runs"]) == sorted(RUN_RECORDS)  # a group of their own: only those
     known = records()
     for name in RUN_RECORDS:
