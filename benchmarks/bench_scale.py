@@ -148,6 +148,9 @@ def scenario(args: argparse.Namespace, n: int, name: str, templates: dict[str, T
                 print(f"[scale] N={n}: timing {len(queries)} dashboard queries x {args.repeats}", flush=True)
                 out["queries"] = time_queries(prom, queries, args.repeats, args.range_hours * 3600)
             out["peak_rss_end_bytes"] = prom.peak_rss()  # after the queries too
+            if args.hold > 0:  # for trying queries by hand against the same history
+                print(f"[scale] N={n} {name}: Prometheus at {prom.url} for {args.hold:g} s more", flush=True)
+                time.sleep(args.hold)
             out["scrapes_served"] = sum(servers.requests)
     out["wall_s"] = round(time.monotonic() - t_start, 1)
     return out
@@ -183,6 +186,8 @@ def main() -> None:
     p.add_argument("--no-firing", dest="firing", action="store_false",
                    help="leave the leak scenarios' alerts pending (their for: has not elapsed) instead of restoring "
                         "them as firing from ALERTS_FOR_STATE")
+    p.add_argument("--hold", type=float, default=0.0,
+                   help="after measuring, keep Prometheus and the ranks up this many seconds (to try queries by hand)")
     p.add_argument("--templates", type=Path,
                    help="cache of the exporter's expositions (JSON; made if missing: delete it when the exporter changes)")
     p.add_argument("--json", type=Path, help="write the results here (after each scenario)")
