@@ -18,6 +18,8 @@ or aggregate.
 
 from __future__ import annotations
 
+import re
+
 INFO = "memexporter_run_info"
 KEY = "job, instance, rank"  # one rank: what run_info and every exporter series share
 JOB = 'job=~"$job"'
@@ -26,6 +28,8 @@ RANKS = f'{RUN}, instance=~"$instance", rank=~"$rank"'
 # Ranks that export module rows: every rank below 64 ranks (per_rank), the detail ranks above
 # (representative: by default the first node's). The others export the core set only.
 DETAIL = 'detail=~"per_rank|representative"'
+# What m() and info() write, with its range if it has one: `@` follows `[5m]`.
+_SELECTOR = re.compile(r"\b(memexporter_\w+\{[^}]*\}(?:\[[^\]]*\])?)")
 
 
 def m(name: str) -> str:
@@ -55,9 +59,26 @@ def run_rule(record: str) -> str:
     return f"{record}{{{RUN}}}"
 
 
-def worst(k: str = "$topk") -> str:
-    """The ``k`` (rank, device) pairs of the selection whose step peak is closest to their limit."""
-    return f"topk({k}, {scoped(m('memory_peak_bytes'))} / {m('memory_limit_bytes')})"
+def at_end(expr: str) -> str:
+    """``expr`` with every series selector read at the end of the time range (``@ end()``). A range
+    query evaluates such an expression once, not at each of its 720 steps (6 h at 30 s): it picks
+    the ranks that a panel then shows over the whole range. VictoriaMetrics takes ``@`` on a
+    selector too (not after a parenthesised expression: hence on each selector)."""
+    return _SELECTOR.sub(r"\1 @ end()", expr)
+
+
+def worst(k: str = "$topk", pinned: bool = False) -> str:
+    """The ``k`` (rank, device) pairs of the selection whose step peak is closest to their limit
+    (at each step; ``pinned``: at the end of the range, the same ``k`` over the whole range)."""
+    expr = f"topk({k}, {scoped(m('memory_peak_bytes'))} / {m('memory_limit_bytes')})"
+    return at_end(expr) if pinned else expr
+
+
+def top(expr: str, pick: str = "topk", on: str = f"{KEY}, device") -> str:
+    """``expr`` (per-rank series) of the ``$topk`` selected ranks with the highest value (``pick``
+    ``bottomk``: the lowest) at the end of the time range: the same K series over the whole range,
+    where a ``topk`` at each step would draw whichever ranks led at each, and cost a join a step."""
+    return among(expr, at_end(f"{pick}($topk, {scoped(expr)})"), on)
 
 
 def among(expr: str, within: str, on: str = f"{KEY}, device") -> str:

@@ -18,6 +18,7 @@ synthetic, always-firing alert per shipped alert name, over the demo's own serie
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,8 +31,9 @@ from memexporter import dashboards
 from memexporter.metrics import SPECS
 from tests.support import REPO_ROOT
 from tests.support.binaries import require
-from tests.support.demo import running_demo
+from tests.support.demo import module_env, running_demo
 from tests.support.ports import free_port
+from tests.support.process import running_command
 from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.promql import BUILTINS, metric_names, recording_rules
 from tests.support.rules import render_preset
@@ -56,6 +58,22 @@ RUN_ID = "dashboards-live"  # the demo's run (MEMEXPORTER_RUN_ID), as a launcher
 RUN_ALERT = "MemexporterMemoryLeak"  # fires run-wide in the synthetic rules below
 RULE_FILES = sorted((REPO_ROOT / "alerts").glob("*.yml"))  # alerts/ holds rules files only
 SPEC_NAMES = {s.name for s in SPECS}
+# A second process of another run, whose host collector raises at every scrape: what a panel that
+# shows failures only (empty while all is well: its noValue says so) must show.
+FAILING_RUN = "dashboards-live-failing"
+FAILING = """
+import sys, time
+import memexporter
+from memexporter.collectors.host import HostCollector
+
+def collect(self, scrape):
+    raise RuntimeError("injected by test_dashboards_live: a collector that raises")
+
+HostCollector.collect = collect
+memexporter.start(port=int(sys.argv[1]), addr="127.0.0.1")
+while True:
+    time.sleep(1)
+"""
 CUDA_ONLY = {s.name for s in SPECS if s.cuda_only}
 SHARDED_ONLY = {s.name for s in SPECS if s.sharded_only}
 
@@ -96,20 +114,23 @@ def always_firing_rules(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, dict[str, str]]]:
     require("prometheus")
-    port = free_port()
+    port, failing = free_port(), free_port()
     rules = always_firing_rules(tmp_path_factory.mktemp("rules") / "always-firing.rules.yml")
     shipped = render_preset(tmp_path_factory.mktemp("shipped"), "demo")
     with (running_demo(port, *DEMO_ARGS, env={"MEMEXPORTER_RUN_ID": RUN_ID}),
-          running_prometheus([f"127.0.0.1:{port}"], [shipped, rules]) as prom):
+          running_command([sys.executable, "-c", FAILING, str(failing)], [f"http://127.0.0.1:{failing}/metrics"],
+                          env=module_env({"MEMEXPORTER_RUN_ID": FAILING_RUN}), what="a rank whose collector raises"),
+          running_prometheus([f"127.0.0.1:{port}", f"127.0.0.1:{failing}"], [shipped, rules]) as prom):
         prom.wait_targets_up(timeout=30)
         prom.wait_for(
             f'count_over_time(memexporter_steps_total{{job="memexporter"}}[1m]) >= {SECONDS_OF_DATA}',
             timeout=SECONDS_OF_DATA + 30,
         )
-        (info,) = prom.query('memexporter_run_info{job="memexporter"}')
+        (info,) = prom.query(f'memexporter_run_info{{job="memexporter", run_id="{RUN_ID}"}}')
         assert (info["metric"]["run_id"], info["metric"]["run_id_source"]) == (RUN_ID, "memexporter")
         # What Grafana sends for a selection of job "memexporter", the demo's run, its one instance and rank 0.
-        values = {"job": "memexporter", "run_id": RUN_ID, "instance": f"127.0.0.1:{port}", "rank": "0"}
+        values = {"job": "memexporter", "run_id": RUN_ID, "instance": f"127.0.0.1:{port}", "rank": "0",
+                  "failing_instance": f"127.0.0.1:{failing}"}
         yield prom, values
 
 
@@ -117,6 +138,11 @@ def substitute(expr: str, values: dict[str, str]) -> str:
     """``expr`` as Grafana sends it for ``values`` (each one value ticked, regex-escaped), Top K 10."""
     table = {name: dashboards.formatted(value) for name, value in values.items()}
     return dashboards.interpolate(expr, {**table, "topk": "10", "__rate_interval": "1m"})
+
+
+def failures_only(panel: dict[str, Any]) -> bool:
+    """A panel that shows failures only: empty on a healthy run, its noValue saying so."""
+    return "noValue" in panel["fieldConfig"]["defaults"]
 
 
 def run_wide(panel: dict[str, Any]) -> bool:
@@ -144,11 +170,19 @@ def test_panel_queries_return_data(live: tuple[Prometheus, dict[str, str]], name
             assert not unknown, f"{name}: {panel['title']!r} names series nothing exports: {sorted(unknown)}"
             assert result == [], f"panel {panel['title']!r} returned data on a CPU job of an unsharded model: {expr}"
             continue
+        if failures_only(panel):  # nothing on the healthy demo; the failing rank of the other run shows
+            assert result == [], f"{name}: {panel['title']!r} shows a failure on the healthy demo: {result}"
+            failing = {**values, "run_id": FAILING_RUN, "instance": values["failing_instance"]}
+            result = _run(prom, substitute(target["expr"], failing), target["instant"])
+            assert {s["metric"].get("collector") for s in result} == {"host"}, f"{panel['title']!r}: {result}"
+            continue
         assert result, f"{name}: {panel['title']!r}/{target['refId']} returned nothing: {expr}"
         for series in result:
             assert series["metric"].get("rank", "0") == "0", f"rank filter ignored: {series['metric']}"
             if run_wide(panel):  # one series per run (and device kind), of the run selected
                 assert series["metric"]["run_id"] == values["run_id"], series["metric"]
+        if "@ end()" in expr:  # the K ranks picked at the end of the range, the same over the whole range
+            assert 0 < len(result) <= 10, expr
         if "topk(" in expr:  # at most K series at any instant
             assert 0 < len(prom.query(expr)) <= 10, expr
         other_run = substitute(target["expr"], {**values, "run_id": "some-other-run"})

@@ -82,7 +82,7 @@ def test_two_ranks_dashboards_and_rank_imbalance_alert(tmp_path: Path) -> None:
         assert excess["1"] > 0.1 > excess["0"]
         (spread,) = _query(prom, "Peak spread across ranks (max - min)")
         assert spread["metric"]["device_kind"] == "cpu"
-        assert float(spread["value"][1]) > 768 * MiB
+        assert float(spread["value"][1]) > 768 / 2048  # of the 2 GiB limit
 
         # The alert fires for rank 1 only, and reaches the webhook through Alertmanager.
         firing = prom.wait_for(f'ALERTS{{alertname="{ALERT}", alertstate="firing"}}', timeout=150)
