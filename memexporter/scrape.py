@@ -12,6 +12,7 @@ failing read shows on the dashboard while the other devices' figures stay.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,7 +22,7 @@ from prometheus_client.core import Metric
 
 from memexporter.backends.base import CudaSource, HostSource, NvmlSource, cuda_label
 from memexporter.backends.host import HostSample
-from memexporter.backends.nvml import NvmlMemory
+from memexporter.backends.nvml import NvmlMemory, ProcessMemory
 from memexporter.config import Config
 from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
@@ -119,6 +120,16 @@ class Scrape:
         for i in self.cuda_devices:
             uuid = self.sources.cuda.uuid(i)
             out[i] = self.sources.nvml.memory(uuid) if uuid else None
+        return out
+
+    @cached_property
+    def nvml_process(self) -> dict[int, ProcessMemory | None]:
+        """This process's memory on each CUDA device in use, as the driver counts it (NVML)."""
+        out: dict[int, ProcessMemory | None] = {}
+        pid = os.getpid()  # per scrape: a forked child asks for its own
+        for i in self.cuda_devices:
+            uuid = self.sources.cuda.uuid(i)
+            out[i] = self.sources.nvml.process_memory(uuid, pid) if uuid else None
         return out
 
     @cached_property

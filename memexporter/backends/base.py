@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from memexporter.backends.host import HostSample
-    from memexporter.backends.nvml import NvmlMemory
+    from memexporter.backends.nvml import NvmlMemory, ProcessMemory
 
 log = logging.getLogger("memexporter")
 
@@ -45,6 +45,7 @@ class CudaSource(Protocol):
     def total_memory(self, index: int) -> int | None: ...
     def memory_fraction(self, index: int) -> float: ...
     def mem_get_info(self, index: int) -> tuple[int, int] | None: ...
+    def host_pinned_stats(self) -> Mapping[str, float]: ...
     def versions(self) -> tuple[str, str]: ...
 
 
@@ -52,6 +53,7 @@ class NvmlSource(Protocol):
     """What the scrape needs from ``backends.nvml.NvmlBackend``."""
 
     def memory(self, uuid: str) -> NvmlMemory | None: ...
+    def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None: ...
 
 
 class HostSource(Protocol):

@@ -46,6 +46,24 @@ class NvmlMemory:
 
 
 @dataclass(frozen=True)
+class ProcessMemory:
+    """This process's memory on one device as the driver counts it: ``usedGpuMemory`` of its entry
+    in ``nvmlDeviceGetComputeRunningProcesses``. That is everything the process holds there: the
+    caching allocator's reserved bytes plus what it never sees (the CUDA context, cuBLAS and cuDNN
+    workspaces, NCCL buffers, other libraries' own allocations).
+
+    ``used`` in bytes, ``None`` when the driver cannot say, and ``why``: ``hidden`` (the driver
+    lists the device's processes under PIDs of another PID namespace, as in a container without
+    the host's PID namespace, so none is this one), ``not_available`` (the driver lists this
+    process without a figure: ``NVML_VALUE_NOT_AVAILABLE``, as on a MIG slice without the
+    privileges to see it or under Windows WDDM) or ``error`` (the call failed).
+    """
+
+    used: int | None
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class _Device:
     handle: Any
     identity: NvmlMemory  # sizes zero: filled per scrape
@@ -108,6 +126,38 @@ class NvmlBackend:
         d = device.identity
         return NvmlMemory(d.uuid, d.name, int(info.total), int(info.used), int(info.free),
                           d.pci_bus_id, d.gpu_uuid, d.gpu_instance_id)
+
+    def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None:
+        """Process ``pid``'s memory on the device torch calls ``uuid``; ``None`` without NVML or
+        the device. One ``nvmlDeviceGetComputeRunningProcesses`` call (the driver's list, no
+        context, no sync)."""
+        nvml = self._lib()
+        device = self._device(nvml, uuid) if nvml is not None else None
+        if nvml is None or device is None:
+            return None
+        name = device.identity.uuid
+        try:
+            listed = nvml.nvmlDeviceGetComputeRunningProcesses(device.handle)
+        except Exception as exc:  # NOT_SUPPORTED on some vGPU and older drivers
+            self._log.warning(f"processes:{uuid}", "memexporter: NVML cannot list the processes on %s (%s): no "
+                              "memexporter_device_process_used_bytes or _non_allocator_bytes for it", name, exc)
+            return ProcessMemory(None, "error")
+        mine = [p for p in listed if int(p.pid) == pid]
+        if not mine:
+            self._log.warning(f"hidden:{uuid}", "memexporter: NVML lists %d process(es) on %s, none with this "
+                              "process's PID %d: a container's PID namespace hides it from the driver (run with "
+                              "the host's PID namespace: hostPID: true, docker --pid=host, to measure it). "
+                              "memexporter_device_process_used_bytes is NaN, _non_allocator_bytes absent",
+                              len(listed), name, pid)
+            return ProcessMemory(None, "hidden")
+        # nvidia-ml-py turns NVML_VALUE_NOT_AVAILABLE into None; a process listed on several
+        # compute instances of one MIG slice has one entry each.
+        used = [p.usedGpuMemory for p in mine]
+        if any(u is None for u in used):
+            self._log.warning(f"na:{uuid}", "memexporter: NVML lists this process on %s without its memory "
+                              "(NVML_VALUE_NOT_AVAILABLE): memexporter_device_process_used_bytes is NaN", name)
+            return ProcessMemory(None, "not_available")
+        return ProcessMemory(sum(int(u) for u in used))
 
     def _device(self, nvml: ModuleType, uuid: str) -> _Device | None:
         with self._lock:

@@ -178,6 +178,21 @@ class TorchBackend:
             return None
         return int(free), int(total)
 
+    def host_pinned_stats(self) -> Mapping[str, float]:
+        """``torch.cuda.host_memory_stats()``: the pinned (page-locked) host caching allocator's
+        counters (``pin_memory()``, ``non_blocking`` copies, DataLoader ``pin_memory=True``), flat
+        like ``memory_stats()``. Host-side counters: no context, no sync. ``{}`` before CUDA is
+        initialised, and on a torch without the function (it came with torch 2.6)."""
+        getter = getattr(torch.cuda, "host_memory_stats", None)
+        if getter is None or not _initialized():
+            return {}
+        try:
+            return dict(getter())
+        except Exception as exc:
+            self._log.warning("host_stats", "memexporter: torch.cuda.host_memory_stats() failed (%s): no "
+                              "memexporter_host_pinned_* series", exc)
+            return {}
+
     def versions(self) -> tuple[str, str]:
         """``(torch.__version__, torch.version.cuda or "")``."""
         return str(torch.__version__), str(torch.version.cuda or "")

@@ -5,7 +5,8 @@ Keys vary across torch versions (torch 1.13 reports neither ``requested_bytes`` 
 no series, not a zero. Under ``cudaMallocAsync`` the driver's pool answers only allocated, active
 and reserved bytes; torch reports the native allocator's other statistics as zeros there, so
 they, and the fragmentation ratio built on them, are not exported rather than exported as zeros
-that look measured. A pluggable allocator reports nothing: only ``allocator_info`` says why.
+that look measured. A pluggable allocator reports nothing: only ``allocator_info`` says why. The pinned host memory
+of the host caching allocator comes with them (``host_memory_stats()``, torch 2.6 and later).
 """
 
 from __future__ import annotations
@@ -54,14 +55,25 @@ def fragmentation(stats: Mapping[str, int]) -> float | None:
     return float(split) / reserved if reserved > 0 else 0.0
 
 
+# The pinned host caching allocator (torch.cuda.host_memory_stats()): metric -> key.
+PINNED: dict[str, str] = {
+    "memexporter_host_pinned_bytes": "allocated_bytes.current",
+    "memexporter_host_pinned_active_bytes": "active_bytes.current",
+}
+
+
 class AllocatorCollector:
     name = "allocator"
 
     def collect(self, scrape: Scrape) -> Iterable[Metric]:
         rank = scrape.sources.rank
-        rows: dict[str, list[tuple[tuple[str, ...], float]]] = {m: [] for m in [*KEYS, FRAGMENTATION, INFO]}
+        rows: dict[str, list[tuple[tuple[str, ...], float]]] = {m: [] for m in [*KEYS, FRAGMENTATION, INFO, *PINNED]}
         if not scrape.cuda_stats:
             return []
+        pinned = scrape.sources.cuda.host_pinned_stats()
+        for metric, key in PINNED.items():
+            if key in pinned:
+                rows[metric].append(((rank,), float(pinned[key])))
         backend = scrape.allocator_backend
         skip = NATIVE_ONLY if backend == ALLOCATOR_ASYNC else frozenset()
         for index, stats in scrape.cuda_stats.items():

@@ -2,12 +2,15 @@
 
 NVML ignores ``CUDA_VISIBLE_DEVICES``, so ``cuda:0`` inside the process may be physical GPU 3:
 the UUID from ``get_device_properties`` is the join key. NVML unavailable means no series.
+``device_process_used_bytes`` is this process's own share as the driver counts it, and
+``device_non_allocator_bytes`` the part of it PyTorch's caching allocator does not hold.
 ``device_info`` carries what a join with dcgm-exporter needs (NVML's UUID, the physical GPU's
 UUID and MIG GPU instance id, the PCI bus id, the model name): see the README.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from prometheus_client.core import Metric
@@ -15,13 +18,15 @@ from prometheus_client.core import Metric
 from memexporter.metrics import families
 from memexporter.scrape import Scrape, cuda_label
 
+RESERVED = "reserved_bytes.all.current"
+
 
 class DeviceCollector:
     name = "device"
 
     def collect(self, scrape: Scrape) -> Iterable[Metric]:
         rank = scrape.sources.rank
-        total, used, free, info = [], [], [], []
+        total, used, free, info, process, outside = [], [], [], [], [], []
         for index, mem in scrape.nvml.items():
             if mem is None:
                 continue
@@ -31,9 +36,22 @@ class DeviceCollector:
             free.append((labels, float(mem.free)))
             identity = (mem.uuid, mem.name, mem.pci_bus_id, mem.gpu_uuid or mem.uuid, mem.gpu_instance_id)
             info.append(((*labels, *identity), 1.0))
+            mine = scrape.nvml_process.get(index)
+            if mine is None or mine.why == "error":  # the driver gave no answer at all: no series
+                continue
+            # NaN, not absent, when the driver lists the device but cannot say for this process:
+            # the series says it was asked, and the log says why (backends/nvml.py).
+            process.append((labels, math.nan if mine.used is None else float(mine.used)))
+            reserved = scrape.cuda_stats.get(index, {}).get(RESERVED)
+            if mine.used is not None and reserved is not None:
+                # The driver's figure and the allocator's are read microseconds apart: a
+                # segment freed in between could make the difference negative.
+                outside.append((labels, float(max(0, mine.used - reserved))))
         return families({
             "memexporter_device_total_bytes": total,
             "memexporter_device_used_bytes": used,
             "memexporter_device_free_bytes": free,
+            "memexporter_device_process_used_bytes": process,
+            "memexporter_device_non_allocator_bytes": outside,
             "memexporter_device_info": info,
         })

@@ -111,6 +111,16 @@ def _ranks() -> tuple[Panel, ...]:
                (among(f'memexporter_memory_used_bytes{{{JOB}, device=~"cuda.*"}}', reserved),
                 "allocated r{{rank}} {{device}}"),
                (among(m(alloc + "active_bytes"), reserved), "active r{{rank}} {{device}}")), w=12),
+        Panel("Memory outside the allocator", "timeseries", "bytes",
+              "What does the process hold that PyTorch's caching allocator does not count? Per device, stacked: "
+              "the allocator's reserved bytes and, above them, the rest of what the driver counts for this "
+              "process (NVML): the CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers, other libraries. An OOM "
+              "with headroom left on the allocator panels is often there. Beside them, the pinned host memory "
+              "of the host caching allocator. The Top K ranks closest to their limit at the end of the time "
+              "range; absent where the driver cannot see the process (a container's PID namespace).",
+              ((among(m(alloc + "reserved_bytes"), fullest), "allocator reserved r{{rank}} {{device}}"),
+               (among(m("device_non_allocator_bytes"), fullest), "outside the allocator r{{rank}} {{device}}"),
+               (among(m("host_pinned_bytes"), fullest, KEY), "pinned host r{{rank}}")), w=12, stack=True),
         Panel("Allocator fragmentation", "timeseries", "percentunit",
               "How much of the reserved memory is stranded in inactive split blocks? inactive_split / reserved; "
               "high values mean large allocations may fail although memory is free. The Top K selected ranks"

@@ -55,6 +55,14 @@ def torch_answers(index: int) -> dict[str, Any]:
     }
 
 
+def host_answers() -> dict[str, float] | None:
+    """``torch.cuda.host_memory_stats()`` (the pinned host caching allocator); ``None`` before torch 2.6."""
+    import torch
+
+    getter = getattr(torch.cuda, "host_memory_stats", None)
+    return dict(getter()) if getter is not None else None
+
+
 def nvml_answers() -> dict[str, Any] | None:
     """Every GPU NVML sees, with its MIG slices; ``None`` without NVML."""
     try:
@@ -67,6 +75,16 @@ def nvml_answers() -> dict[str, Any] | None:
     def memory(handle: Any) -> dict[str, int]:
         m = pynvml.nvmlDeviceGetMemoryInfo(handle)
         return {"total": int(m.total), "used": int(m.used), "free": int(m.free)}
+
+    def processes(handle: Any) -> dict[str, Any]:
+        """``{"processes": [...]}`` from nvmlDeviceGetComputeRunningProcesses (this process as "self",
+        an unavailable figure as None), or ``{}`` when the driver does not answer it."""
+        listed = _capture(lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        if isinstance(listed, dict):
+            return {}
+        return {"processes": [{"pid": "self" if int(p.pid) == os.getpid() else int(p.pid), "used": p.usedGpuMemory,
+                               "gpu_instance_id": int(p.gpuInstanceId), "compute_instance_id": int(p.computeInstanceId)}
+                              for p in listed]}
 
     gpus, strings, by_mig_uuid = [], "str", True
     for i in range(pynvml.nvmlDeviceGetCount()):
@@ -82,10 +100,11 @@ def nvml_answers() -> dict[str, Any] | None:
                 uuid = _text(pynvml.nvmlDeviceGetUUID(m))
                 by_mig_uuid = by_mig_uuid and not isinstance(_capture(lambda u=uuid: pynvml.nvmlDeviceGetHandleByUUID(u)), dict)
                 slices.append({"uuid": uuid, "name": _text(pynvml.nvmlDeviceGetName(m)),
-                               "gpu_instance_id": int(pynvml.nvmlDeviceGetGpuInstanceId(m)), "memory": memory(m)})
+                               "gpu_instance_id": int(pynvml.nvmlDeviceGetGpuInstanceId(m)), "memory": memory(m),
+                               **processes(m)})
         gpus.append({"uuid": _text(pynvml.nvmlDeviceGetUUID(h)), "name": _text(pynvml.nvmlDeviceGetName(h)),
                      "pci_bus_id": _text(pynvml.nvmlDeviceGetPciInfo(h).busId), "memory": memory(h),
-                     "mig_mode": mode if isinstance(mode, list) else None, "mig": slices})
+                     "mig_mode": mode if isinstance(mode, list) else None, "mig": slices, **processes(h)})
     return {"strings": strings, "handle_by_mig_uuid": by_mig_uuid, "gpus": gpus,
             "driver_version": _text(pynvml.nvmlSystemGetDriverVersion())}
 
@@ -142,6 +161,9 @@ def record_one(scenario: str, index: int) -> dict[str, Any]:
         "device_count": torch.cuda.device_count(), "devices": {str(index): torch_answers(index)},
         "nvml": nvml_answers(),
     }
+    host = host_answers()
+    if host is not None:
+        answers["host_memory_stats"] = host
     return {
         "synthetic": False,
         "recorded": {

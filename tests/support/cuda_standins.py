@@ -116,6 +116,10 @@ class TorchStandIn:
         else:
             mp.setattr(torch.cuda, "get_per_process_memory_fraction",
                        lambda device=None: float(replay(self._call("get_per_process_memory_fraction", device)["memory_fraction"])))
+        if "host_memory_stats" in a:
+            mp.setattr(torch.cuda, "host_memory_stats", lambda: dict(a["host_memory_stats"]) if a.get("initialized", True) else {})
+        else:  # torch before 2.6
+            mp.delattr(torch.cuda, "host_memory_stats", raising=False)
         mp.setattr(torch, "__version__", a["torch_version"])
         mp.setattr(torch.version, "cuda", a["cuda_version"])
         return self

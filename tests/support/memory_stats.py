@@ -102,3 +102,21 @@ def unflatten(flat: dict[str, int]) -> dict[Any, Any]:
 def zeros_like(flat: dict[str, int]) -> dict[str, int]:
     """A fresh allocator's answer with the same keys (a device the process never used)."""
     return {k: (-1 if k == "max_split_size" else 0) for k in flat if not k.startswith(PRIVATE_POOLS)}
+
+
+def host_memory_stats(held: int, active: int, blocks: int, active_blocks: int) -> dict[str, float]:
+    """SYNTHETIC ``torch.cuda.host_memory_stats()`` in torch 2.13's shape (its docstring lists the
+    keys; torch/cuda/memory.py flattens and sorts them as memory_stats() does): ``held`` bytes in
+    ``blocks`` pinned blocks (in use and cached), ``active`` bytes in ``active_blocks`` of them handed
+    out. Timings in microseconds; ``avg`` is a float, the rest ints. torch before 2.6 has no such call."""
+    def stat(current: int, grown: int) -> dict[str, int]:
+        return {"current": current, "peak": grown, "allocated": grown, "freed": grown - current}
+
+    nested_stats: dict[str, Any] = {
+        "allocations": stat(blocks, blocks + 3), "allocated_bytes": stat(held, held + held // 8),
+        "active_requests": stat(active_blocks, blocks), "active_bytes": stat(active, held),
+        "num_host_alloc": blocks + 3, "num_host_free": 3,
+        "host_alloc_time": {"total": 41822, "max": 9120, "min": 402, "count": blocks + 3, "avg": 41822 / (blocks + 3)},
+        "host_free_time": {"total": 1210, "max": 611, "min": 288, "count": 3, "avg": 1210 / 3},
+    }
+    return dict(sorted(flatten(nested_stats).items()))  # type: ignore[arg-type]

@@ -2,13 +2,16 @@
 
 Answers are nvidia-ml-py's own types: ``c_nvmlMemory_t`` and ``nvmlPciInfo_t`` structures, the
 ``NVMLError_*`` classes NVML's return codes map to, a ``c_uint`` from
-``nvmlDeviceIsMigDeviceHandle`` and ``c_nvmlDevice_t`` handles. Names, UUIDs and the PCI bus id
+``nvmlDeviceIsMigDeviceHandle``, ``c_nvmlDevice_t`` handles, and the running processes as
+nvidia-ml-py hands them out (``c_nvmlProcessInfo_v3_t`` turned into its friendly object, an
+unavailable figure as ``None``). Names, UUIDs and the PCI bus id
 come back as ``str`` (nvidia-ml-py >= 11.515) or ``bytes`` (older), as the fixture asks.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from types import ModuleType
 from typing import Any
@@ -105,6 +108,23 @@ class NvmlStandIn:
         def nvmlDeviceGetMemoryInfo(handle: Any, version: Any = None) -> Any:
             mem = replay(dev(handle)[0]["memory"])
             return pynvml.c_nvmlMemory_t(total=mem["total"], free=mem["free"], used=mem["used"])
+
+        @record
+        def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[Any]:
+            answer = dev(handle)[0]
+            if "processes" not in answer:  # a fixture recorded before the call was: a driver without it
+                raise pynvml.NVMLError_NotSupported()
+            out = []
+            for p in replay(answer["processes"]):
+                info = pynvml.c_nvmlProcessInfo_v3_t(
+                    pid=os.getpid() if p["pid"] == "self" else int(p["pid"]),
+                    usedGpuMemory=pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if p["used"] is None else p["used"],
+                    gpuInstanceId=p["gpu_instance_id"], computeInstanceId=p["compute_instance_id"])
+                obj = pynvml.nvmlStructToFriendlyObject(info)
+                if obj.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                    obj.usedGpuMemory = None  # as nvidia-ml-py's nvmlDeviceGetComputeRunningProcesses_v3 does
+                out.append(obj)
+            return out
 
         @record
         def nvmlDeviceGetPciInfo(handle: Any) -> Any:

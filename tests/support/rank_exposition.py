@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from memexporter.metrics import SPECS
 from tests.support import REPO_ROOT
 
 FIXTURE = "a100_torch2.13_fraction.json"
@@ -38,16 +39,9 @@ BEFORE = "de4f325"  # the last commit before issue 25: every rank exported every
 DETAIL_WORLD = 64  # from this world size up the contract keeps the detail to the first node
 LOCAL_WORLD = 8  # ranks per node, as on an 8-GPU machine
 RUN_INFO = "memexporter_run_info"
-# The contract's detail families (issue 25) besides the module rows (memexporter_module_*), for an
-# exporter that does not filter its own output.
-CONTRACT_DETAIL = frozenset({
-    "memexporter_collector_duration_seconds", "memexporter_http_dropped_connections_total",
-    "memexporter_allocator_allocated_bytes", "memexporter_allocator_active_bytes",
-    "memexporter_allocator_requested_bytes", "memexporter_allocator_peak_allocated_bytes",
-    "memexporter_allocator_peak_reserved_bytes", "memexporter_allocator_device_allocations_total",
-    "memexporter_allocator_device_frees_total", "memexporter_device_free_bytes",
-    "memexporter_phase_last_change_timestamp_seconds",
-})
+# The contract's detail families besides the module rows (memexporter_module_*), from the spec
+# table: what an exporter that does not filter its own output (the --before one) must lose.
+CONTRACT_DETAIL = frozenset(s.name for s in SPECS if s.detail and not s.name.startswith("memexporter_module_"))
 AUTOMATIC_PHASES = ("forward", "backward", "optimizer")
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?')
 

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field, replace
 from prometheus_client import CollectorRegistry
 
 from memexporter.backends.host import HostSample
-from memexporter.backends.nvml import NvmlMemory
+from memexporter.backends.nvml import NvmlMemory, ProcessMemory
 from memexporter.config import Config
 from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.scrape import Identity, Sources
+from tests.support.memory_stats import host_memory_stats
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -43,6 +44,7 @@ class FakeCuda:
     free: int = 70 * GiB
     backend: str = "native"
     calls: int = 0
+    pinned: dict[str, float] = field(default_factory=dict)  # host_memory_stats()
 
     def cuda_devices(self) -> list[int]:
         return sorted(self.stats)
@@ -70,6 +72,9 @@ class FakeCuda:
     def mem_get_info(self, index: int) -> tuple[int, int] | None:
         return self.free, self.total
 
+    def host_pinned_stats(self) -> Mapping[str, float]:
+        return self.pinned
+
     def versions(self) -> tuple[str, str]:
         return "2.13.0+synthetic", "13.0"
 
@@ -77,9 +82,13 @@ class FakeCuda:
 @dataclass
 class FakeNvml:
     devices: dict[str, NvmlMemory] = field(default_factory=dict)
+    processes: dict[str, ProcessMemory] = field(default_factory=dict)  # by UUID: this process's share
 
     def memory(self, uuid: str) -> NvmlMemory | None:
         return self.devices.get(uuid)
+
+    def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None:
+        return self.processes.get(uuid)
 
 
 @dataclass
@@ -107,9 +116,13 @@ def sources(cuda: FakeCuda | None = None, nvml: FakeNvml | None = None, host: Fa
 
 def one_gpu(**stats_overrides: int) -> tuple[FakeCuda, FakeNvml]:
     """One synthetic GPU at cuda:0 whose NVML twin has the matching UUID."""
-    cuda = FakeCuda(stats={0: {**SYNTHETIC_STATS, **stats_overrides}}, uuids={0: "GPU-synthetic-0"})
+    cuda = FakeCuda(stats={0: {**SYNTHETIC_STATS, **stats_overrides}}, uuids={0: "GPU-synthetic-0"},
+                    pinned=host_memory_stats(512 * MiB, 128 * MiB, 16, 4))
     nvml = FakeNvml({"GPU-synthetic-0": NvmlMemory("GPU-synthetic-0", "Synthetic GPU", 80 * GiB, 10 * GiB, 70 * GiB,
                                                    "00000000:01:00.0", "GPU-synthetic-0", "")})
+    # The process as the driver counts it: the allocator's reserved bytes and a 500 MiB context.
+    reserved = cuda.stats[0]["reserved_bytes.all.current"]
+    nvml.processes["GPU-synthetic-0"] = ProcessMemory(reserved + 500 * MiB)
     return cuda, nvml
 
 

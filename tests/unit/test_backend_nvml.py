@@ -5,13 +5,14 @@ MIG slice, old driver, old nvidia-ml-py), what it reports, and what it does when
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
 import pynvml
 import pytest
 
-from memexporter.backends.nvml import NvmlBackend, NvmlMemory
+from memexporter.backends.nvml import NvmlBackend, NvmlMemory, ProcessMemory
 from tests.support.cuda_standins import load, no_nvml
 from tests.support.nvml_standin import NvmlStandIn
 from tests.support.synthetic_fixtures import SYNTHETIC_DIR
@@ -136,3 +137,39 @@ def test_without_the_nvml_extra(monkeypatch: pytest.MonkeyPatch, caplog: pytest.
     caplog.set_level(logging.INFO, logger="memexporter")
     assert NvmlBackend().memory(A100_HEX) is None
     assert any("pip install memexporter[nvml]" in r.getMessage() for r in caplog.records)
+
+
+def test_process_memory_is_this_pids_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, "a100_torch2.13_fraction")
+    reserved = load(SYNTHETIC_DIR / "a100_torch2.13_fraction.json")["answers"]["devices"]["0"]["memory_stats"][
+        "reserved_bytes.all.current"]
+    assert NvmlBackend().process_memory(A100_HEX, os.getpid()) == ProcessMemory(reserved + 1210 * MiB)
+    # The profiler's process beside it is its own entry.
+    assert NvmlBackend().process_memory(A100_HEX, 51877) == ProcessMemory(268 * MiB)
+
+
+def test_process_memory_hidden_by_a_pid_namespace_is_said_once(monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    install(monkeypatch, "a100_mig_1g.10gb_torch2.13")
+    backend = NvmlBackend()
+    with caplog.at_level(logging.DEBUG, logger="memexporter"):
+        assert backend.process_memory(MIG_HEX, os.getpid()) == ProcessMemory(None, "hidden")
+        assert backend.process_memory(MIG_HEX, os.getpid()) == ProcessMemory(None, "hidden")
+    said = warnings(caplog)
+    assert len(said) == 1 and "PID namespace" in said[0] and f"MIG-{MIG_HEX}" in said[0], said
+
+
+def test_process_memory_not_available_and_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = nvml_answers("a100_torch2.13_fraction")["gpus"]
+    mine = next(g for g in gpus if g["uuid"] == f"GPU-{A100_HEX}")
+    mine["processes"] = [{**p, "used": None} for p in mine["processes"]]  # NVML_VALUE_NOT_AVAILABLE
+    install(monkeypatch, "a100_torch2.13_fraction", gpus=gpus)
+    assert NvmlBackend().process_memory(A100_HEX, os.getpid()) == ProcessMemory(None, "not_available")
+    del mine["processes"]  # NVMLError_NotSupported from nvmlDeviceGetComputeRunningProcesses
+    install(monkeypatch, "a100_torch2.13_fraction", gpus=gpus)
+    assert NvmlBackend().process_memory(A100_HEX, os.getpid()) == ProcessMemory(None, "error")
+
+
+def test_process_memory_without_nvml_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_nvml(monkeypatch)
+    assert NvmlBackend().process_memory(A100_HEX, os.getpid()) is None

@@ -142,3 +142,22 @@ def test_only_devices_in_use_are_listed(monkeypatch: pytest.MonkeyPatch) -> None
     s = standin(monkeypatch, a)
     assert list(TorchBackend().device_stats()) == [2]
     assert s.calls == [("memory_stats", i) for i in range(4)]
+
+
+def test_host_pinned_stats_on_this_cpu_torch_read_nothing() -> None:
+    # The real torch.cuda of this CPU build: not initialised, so not even asked.
+    assert TorchBackend().host_pinned_stats() == {}
+
+
+def test_host_pinned_stats_that_raise_read_as_none(monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    TorchStandIn(answers("a100_torch2.13_fraction")).install(monkeypatch)
+    backend = TorchBackend()
+    assert backend.host_pinned_stats()["allocated_bytes.current"] == 1 << 30
+
+    def broken() -> dict[str, float]:
+        raise RuntimeError("CUDA driver error: unknown error")
+
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", broken)
+    assert backend.host_pinned_stats() == {}
+    assert any("host_memory_stats() failed" in r.getMessage() for r in caplog.records)

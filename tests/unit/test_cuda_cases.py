@@ -5,6 +5,7 @@ series each one must, and must not, produce."""
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import pytest
@@ -211,3 +212,60 @@ def test_a_raising_cuda_source_costs_only_the_cuda_series() -> None:
     assert success["trend"] == success["host"] == 1
     assert v(reg, "memexporter_memory_used_bytes", {"rank": "3", "device": "cpu"}) == 2 * GiB
     assert v(reg, "memexporter_steps_total", {"rank": "3"}) == 1
+
+
+NON_ALLOCATOR, PROCESS = "memexporter_device_non_allocator_bytes", "memexporter_device_process_used_bytes"
+
+
+@pytest.mark.parametrize(("name", "outside"), [
+    ("a100_torch2.13_fraction", 1210 * MiB),  # context, workspaces and NCCL buffers; a profiler's process ignored
+    ("h100_torch2.13_cudamallocasync", 596 * MiB),
+])
+def test_memory_outside_the_allocator_is_the_drivers_figure_minus_reserved(
+        monkeypatch: pytest.MonkeyPatch, name: str, outside: int) -> None:
+    a = answers(name)
+    reg, _ = scrape(monkeypatch, a)
+    reserved = a["devices"]["0"]["memory_stats"]["reserved_bytes.all.current"]
+    assert v(reg, PROCESS) == reserved + outside
+    assert v(reg, NON_ALLOCATOR) == outside
+
+
+def test_outside_the_allocator_needs_the_allocators_figure(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pluggable allocator reports nothing: the driver's figure stays, the difference cannot be made.
+    reg, _ = scrape(monkeypatch, answers("h100_torch2.13_pluggable"))
+    assert v(reg, PROCESS) == 63488 * MiB
+    assert v(reg, NON_ALLOCATOR) is None
+
+
+def test_a_pid_namespace_that_hides_the_process_gives_nan_not_a_wrong_number(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # The MIG slice's job runs in a container: the driver lists it under its host PID only.
+    reg, _ = scrape(monkeypatch, answers("a100_mig_1g.10gb_torch2.13"))
+    value = v(reg, PROCESS)
+    assert value is not None and math.isnan(value)
+    assert v(reg, NON_ALLOCATOR) is None
+    assert any("PID namespace" in r.getMessage() and "hostPID" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(("name", "nvml"), [("a100_torch2.13_fraction", False),
+                                           ("v100_torch1.13_after_ooms", True)])  # no UUID to match NVML's by
+def test_no_nvml_device_no_process_series(monkeypatch: pytest.MonkeyPatch, name: str, nvml: bool) -> None:
+    reg, _ = scrape(monkeypatch, answers(name), nvml=nvml)
+    assert v(reg, PROCESS) is None and v(reg, NON_ALLOCATOR) is None
+
+
+PINNED, PINNED_ACTIVE = "memexporter_host_pinned_bytes", "memexporter_host_pinned_active_bytes"
+
+
+def test_pinned_host_memory_from_the_host_caching_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A DataLoader with pin_memory=True: 1 GiB of page-locked blocks, 256 MiB of them handed out.
+    reg, _ = scrape(monkeypatch, answers("a100_torch2.13_fraction"))
+    assert (v(reg, PINNED, {"rank": "3"}), v(reg, PINNED_ACTIVE, {"rank": "3"})) == (GiB, 256 * MiB)
+
+
+@pytest.mark.parametrize("name", ["v100_torch1.13_after_ooms", "a100_torch2.13_fraction"])
+def test_no_pinned_series_without_the_call_or_before_cuda(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    a = answers(name)
+    a["initialized"] = name.startswith("v100")  # torch 1.13 has no host_memory_stats(); the A100 job has not begun
+    reg, _ = scrape(monkeypatch, a)
+    assert v(reg, PINNED, {"rank": "3"}) is None and v(reg, PINNED_ACTIVE, {"rank": "3"}) is None

@@ -290,7 +290,7 @@ def test_queries_stay_under_victoriametrics_cap_with_1024_ranks_ticked() -> None
     node = "gpu-node-127.cluster.local:9407"  # one instance (or All): the variable is single-select
     ticked = dashboards.panel_queries(run_id="8f2c1d7e-train-exp42", ranks=RANKS_1024, instances=node)
     assert [(q.dashboard, q.panel, q.ref) for q in every] == [(q.dashboard, q.panel, q.ref) for q in ticked]
-    assert len(every) == 60
+    assert len(every) == 63
     for a, b in zip(every, ticked, strict=True):
         grew = len(b.expr) - len(a.expr)
         assert grew in (0, len(regex) - 2 + len(dashboards.formatted(node)) - 2), (a.panel, grew)
@@ -394,7 +394,7 @@ def test_overview_reads_the_run_and_drills_into_ranks_on_request() -> None:
     # The ranks are in a row collapsed by default: Grafana runs none of its queries until it is opened.
     assert row["collapsed"] is True
     assert dash["panels"][-1] is row
-    assert len(row["panels"]) == 14 and all("memexporter_run_info" in t["expr"] for p in row["panels"]
+    assert len(row["panels"]) == 15 and all("memexporter_run_info" in t["expr"] for p in row["panels"]
                                              for t in p["targets"])
 
 
@@ -421,7 +421,7 @@ def test_gpu_only_marking_follows_the_spec_table() -> None:
             if want:
                 marked.append(p["title"])
     assert set(marked) == {"Allocator reserved vs allocated", "Allocator fragmentation", "Allocator retries and OOMs",
-                           "GPU memory, all processes (NVML)"}
+                           "GPU memory, all processes (NVML)", "Memory outside the allocator"}
 
 
 # --- committed files and drift -------------------------------------------------------------------

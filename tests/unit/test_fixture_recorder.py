@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from tests.cuda.record_fixtures import nvml_answers, torch_answers
+from tests.cuda.record_fixtures import host_answers, nvml_answers, torch_answers
 from tests.support.cuda_standins import TorchStandIn, load
 from tests.support.nvml_standin import NvmlStandIn
 from tests.support.synthetic_fixtures import FIXTURES, SYNTHETIC_DIR
@@ -20,6 +20,7 @@ def test_recorder_reads_back_what_the_standins_answer(monkeypatch: pytest.Monkey
     TorchStandIn(copy.deepcopy(answers)).install(monkeypatch)
     NvmlStandIn(copy.deepcopy(answers["nvml"])).install(monkeypatch)
     assert torch_answers(0) == answers["devices"]["0"]
+    assert host_answers() == answers.get("host_memory_stats")
     recorded = nvml_answers()
     assert recorded is not None and recorded.pop("driver_version") == ""
     assert recorded == answers["nvml"]
