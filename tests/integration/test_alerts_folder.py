@@ -87,7 +87,8 @@ def test_real_prometheus_loads_the_whole_folder_once() -> None:
     with running_prometheus([], [Path(FOLDER_GLOB)], evaluation_interval="1s") as prom:
         groups = prom.rules()
         assert sorted(g["name"] for g in groups) == [
-            "memexporter.alerts", "memexporter.forecast", "memexporter.rules", "memexporter.runs", "memexporter.trends"]
+            "memexporter.alerts", "memexporter.forecast", "memexporter.leak", "memexporter.rules", "memexporter.runs",
+            "memexporter.trends"]
         # An alert comes per rank and per run (label scope): the name and the scope are one rule.
         names = [(r["name"], r.get("labels", {}).get("scope")) for g in groups for r in g["rules"]]
         assert len(names) == len(set(names)), "a rule is loaded twice"

@@ -178,7 +178,8 @@ def test_alerts_read_their_condition_recorded_once(name: str) -> None:
     assert order.index(condition) + 1 == order.index((name, "rank")) == order.index((name, "run")) - 1
 
 
-GROUPS = ["memexporter.rules", "memexporter.trends", "memexporter.runs", "memexporter.forecast", "memexporter.alerts"]
+GROUPS = ["memexporter.rules", "memexporter.trends", "memexporter.runs", "memexporter.forecast", "memexporter.leak",
+          "memexporter.alerts"]
 
 
 def test_every_promtool_test_evaluates_the_groups_in_their_order() -> None:
