@@ -115,22 +115,19 @@ class Scrape:
         return self.sources.cuda.allocator_backend()
 
     @cached_property
+    def uuids(self) -> dict[int, str | None]:
+        """Each CUDA device's UUID (torch's spelling), read once a scrape: NVML is asked by it."""
+        return {i: self.sources.cuda.uuid(i) for i in self.cuda_devices}
+
+    @cached_property
     def nvml(self) -> dict[int, NvmlMemory | None]:
-        out: dict[int, NvmlMemory | None] = {}
-        for i in self.cuda_devices:
-            uuid = self.sources.cuda.uuid(i)
-            out[i] = self.sources.nvml.memory(uuid) if uuid else None
-        return out
+        return {i: self.sources.nvml.memory(uuid) if uuid else None for i, uuid in self.uuids.items()}
 
     @cached_property
     def nvml_process(self) -> dict[int, ProcessMemory | None]:
         """This process's memory on each CUDA device in use, as the driver counts it (NVML)."""
-        out: dict[int, ProcessMemory | None] = {}
         pid = os.getpid()  # per scrape: a forked child asks for its own
-        for i in self.cuda_devices:
-            uuid = self.sources.cuda.uuid(i)
-            out[i] = self.sources.nvml.process_memory(uuid, pid) if uuid else None
-        return out
+        return {i: self.sources.nvml.process_memory(uuid, pid) if uuid else None for i, uuid in self.uuids.items()}
 
     @cached_property
     def host(self) -> HostSample:

@@ -15,10 +15,11 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
+from memexporter.collectors.allocator import KEYS
 from memexporter.metrics import families
 from memexporter.scrape import Scrape, cuda_label
 
-RESERVED = "reserved_bytes.all.current"
+RESERVED = KEYS["memexporter_allocator_reserved_bytes"]  # the memory_stats() key
 
 
 class DeviceCollector:
