@@ -9,7 +9,7 @@ ranks that matter (the fullest, the slowest...) among those selected, or aggrega
 from __future__ import annotations
 
 from memexporter.dashboards.grafana import Panel, Row
-from memexporter.dashboards.scope import JOB, KEY, among, at_end, by_kind, m, run_rule, scoped, top, worst
+from memexporter.dashboards.scope import JOB, KEY, among, by_kind, m, picked, run_rule, scoped, top, worst
 
 _UTIL = "run_device_kind:memexporter_memory_peak_utilisation"
 _PHASE, _LIMIT = "phase_peak_bytes", "memory_limit_bytes"
@@ -66,12 +66,10 @@ def _run() -> list[Panel]:
 def _ranks() -> tuple[Panel, ...]:
     """The ranks, bounded: each panel returns at most Top K series (or an aggregate) at any rank count."""
     # A panel of several series per rank picks its Top K ranks once, at the end of the range
-    # (at_end), and draws each series of those: picked again at each of 720 steps, with a join on
+    # (picked), and draws each series of those: picked again at each of 720 steps, with a join on
     # run_info each time, one such panel took 3 to 5 s at 1,024 ranks.
     alloc, fullest = "allocator_", worst(pinned=True)
-    reserved = at_end(f"topk($topk, {scoped(m(alloc + 'reserved_bytes'))})")
-    rss = at_end(f"topk($topk, {scoped(m('host_rss_bytes'))})")
-    nvml = at_end(f"topk($topk, {scoped(m('device_used_bytes'))})")
+    reserved, rss, nvml = (picked(m(name)) for name in (alloc + "reserved_bytes", "host_rss_bytes", "device_used_bytes"))
     stale = f"topk($topk, time() - {scoped(m('last_step_timestamp_seconds'))})"
     steps = f"rate({m('steps_total')}{_RI})"
     return (

@@ -74,11 +74,17 @@ def worst(k: str = "$topk", pinned: bool = False) -> str:
     return at_end(expr) if pinned else expr
 
 
+def picked(expr: str, pick: str = "topk") -> str:
+    """The ``$topk`` selected ranks with the highest ``expr`` (``pick`` ``bottomk``: the lowest) at
+    the end of the time range: one evaluation, where a ``topk`` at each step would pick whichever
+    ranks led at each, and cost a join a step. Draw series of them with ``among``."""
+    return at_end(f"{pick}($topk, {scoped(expr)})")
+
+
 def top(expr: str, pick: str = "topk", on: str = f"{KEY}, device") -> str:
-    """``expr`` (per-rank series) of the ``$topk`` selected ranks with the highest value (``pick``
-    ``bottomk``: the lowest) at the end of the time range: the same K series over the whole range,
-    where a ``topk`` at each step would draw whichever ranks led at each, and cost a join a step."""
-    return among(expr, at_end(f"{pick}($topk, {scoped(expr)})"), on)
+    """``expr`` (per-rank series) of the ranks ``picked`` by ``expr`` itself: the same K series over
+    the whole range."""
+    return among(expr, picked(expr, pick), on)
 
 
 def among(expr: str, within: str, on: str = f"{KEY}, device") -> str:
