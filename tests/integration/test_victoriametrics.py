@@ -177,10 +177,19 @@ def _settle(live: Live) -> None:
         time.sleep(0.2)
 
 
+def _pairs(live: Live) -> list[Labels]:
+    """The expected alerts that both evaluators fire."""
+    return [labels for labels in live.expected("rank") + live.expected("run") if labels in live.firing("vmalert")]
+
+
+def _senders(live: Live, labels: Labels) -> set[str]:
+    """Which evaluators Alertmanager took ``labels`` from (by the generatorURLs seen)."""
+    return {"vmalert" if "vmalert" in url else "prometheus" for url in live.generators.get(labels, set())}
+
+
 def _both_sent(live: Live) -> bool:
-    """Whether Alertmanager took each expected alert that both evaluators fire from each of them."""
-    pairs = [labels for labels in live.expected("rank") + live.expected("run") if labels in live.firing("vmalert")]
-    return all(len({"vmalert" in url for url in live.generators.get(labels, set())}) == 2 for labels in pairs)
+    """Whether Alertmanager took each alert of a pair from both evaluators."""
+    return all(_senders(live, labels) == {"prometheus", "vmalert"} for labels in _pairs(live))
 
 
 @pytest.fixture(scope="module")
@@ -278,14 +287,14 @@ def test_vmalert_evaluates_every_rule_without_error(live: Live) -> None:
 @pytest.mark.xdist_group(LIVE)
 def test_alertmanager_sends_the_pairs_alert_once(live: Live) -> None:
     # The alerts both fired (a run-wide one vmalert missed: test_run_wide_alerts_fire_under_vmalert).
-    pairs = [labels for labels in live.expected("rank") + live.expected("run") if labels in live.firing("vmalert")]
+    pairs = _pairs(live)
     assert len(pairs) >= len(EXPECTED) * len(live.leaking), pairs
     for labels in pairs:
         name = dict(labels)["alertname"]
         held = [a for a in live.am.alerts() if identity(a) == labels]
         assert len(held) == 1, f"{name}: Alertmanager holds {len(held)} alerts for one: {held}"
         # Both evaluators sent it: Alertmanager kept one alert and took updates from each.
-        sources = {"vmalert" if "vmalert" in url else "prometheus" for url in live.generators.get(labels, set())}
+        sources = _senders(live, labels)
         assert sources == {"prometheus", "vmalert"}, f"{name}: updates seen from {sources} only"
         notes = [r for r in live.hook.received
                  if any(frozenset(a["labels"].items()) == labels and a["status"] == "firing"
