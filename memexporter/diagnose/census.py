@@ -41,7 +41,7 @@ MAX_KEYS = 200_000
 MAX_GRAPH_ROOTS = 512
 """Tensors with a ``grad_fn`` handed to the autograd check, at most."""
 
-StorageKey = tuple[str, int]
+StorageKey = tuple[str, int, int]  # device, data_ptr (id for an empty storage), bytes
 GroupKey = tuple[str, str, tuple[int, ...], str]  # device, dtype, shape, kind
 
 
@@ -117,11 +117,15 @@ def device_label(device: torch.device) -> str:
 
 
 def storage_key(t: torch.Tensor) -> tuple[StorageKey, int]:
-    """``((device, data_ptr), storage bytes)``; raises for tensors without a storage."""
+    """``((device, data_ptr, storage bytes), storage bytes)``; raises for tensors without a storage.
+
+    The size is part of the key because allocators hand freed addresses back: a new storage where a
+    smaller one was is new, and is a sample for the holder walk (one of the same size still is not).
+    """
     s = t.untyped_storage()
-    ptr = s.data_ptr()
+    ptr, nbytes = s.data_ptr(), s.nbytes()
     label = device_label(t.device)
-    return ((label, ptr) if ptr else (label + "#empty", id(t))), s.nbytes()
+    return ((label, ptr, nbytes) if ptr else (label + "#empty", id(t), 0)), nbytes
 
 
 def _live() -> tuple[list[torch.Tensor], list[Optimizer]]:

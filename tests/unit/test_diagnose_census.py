@@ -88,6 +88,18 @@ def test_samples_are_the_tensors_new_since_the_previous_census() -> None:
     assert second.census.counts()[key] == (4, 4 * 3 * 43 * 4)
 
 
+def test_a_new_storage_at_a_freed_storage_address_is_still_new() -> None:
+    # The allocator hands a freed address back (CI once named no holder because every new tensor of a
+    # leaking group sat where a smaller, freed one had been). frombuffer pins the address here.
+    buffer = bytearray(4 * 3 * 61)
+    small = torch.frombuffer(buffer, dtype=torch.uint8, count=64)
+    keys = census.take(1, None).keys  # the scan's samples would keep `small` alive
+    del small
+    grown = torch.frombuffer(buffer, dtype=torch.float32)
+    second = census.take(2, keys)
+    assert [t is grown for t in second.samples[("cpu", "float32", (183,), "other")]] == [True]
+
+
 def test_tensors_with_a_grad_fn_are_handed_to_the_graph_check() -> None:
     w = torch.ones(47, requires_grad=True)
     out = (w * 2).sum()
