@@ -20,15 +20,14 @@ from typing import Protocol
 
 from prometheus_client.core import Metric
 
-from memexporter.backends.base import CudaSource, HostSource, NvmlSource, cuda_label
+from memexporter.backends.base import CUDA, AllocatorSource, DeviceMemory, DriverSource, HostSource, ProcessMemory
 from memexporter.backends.host import HostSample
-from memexporter.backends.nvml import NvmlMemory, ProcessMemory
 from memexporter.config import Config
 from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
 
-__all__ = ["CudaSource", "HostSource", "HttpSource", "Identity", "MemoryView", "NvmlSource", "PartialFailure", "Scrape",
-           "Sources", "cuda_label"]
+__all__ = ["AllocatorSource", "DriverSource", "HostSource", "HttpSource", "Identity", "MemoryView", "PartialFailure",
+           "Scrape", "Sources"]
 
 
 class PartialFailure(Exception):
@@ -66,8 +65,8 @@ class Sources:
 
     identity: Identity
     config: Config
-    cuda: CudaSource
-    nvml: NvmlSource
+    allocator: AllocatorSource  # the accelerator's caching allocator (backends/select.py picks it)
+    driver: DriverSource  # the same devices as their driver library sees them
     host: HostSource
     steps: StepTracker | None = None
     version: str = field(default="")
@@ -98,36 +97,41 @@ class Scrape:
         self.view_failures: list[str] = []  # why a device's view is missing or lacks its limit (views)
 
     @cached_property
-    def cuda_stats(self) -> dict[int, Mapping[str, int]]:
-        """``memory_stats()`` of each CUDA device in use, read once for the whole scrape.
+    def allocator_stats(self) -> dict[int, Mapping[str, int]]:
+        """``memory_stats()`` of each accelerator device in use, read once for the whole scrape.
 
         ``{}`` for a device whose allocator cannot report (see ``TorchBackend.device_stats``).
         """
-        return self.sources.cuda.device_stats()
+        return self.sources.allocator.device_stats()
 
     @property
-    def cuda_devices(self) -> list[int]:
-        return list(self.cuda_stats)
+    def devices(self) -> list[int]:
+        return list(self.allocator_stats)
+
+    def label(self, index: int) -> str:
+        """The ``device`` label of an accelerator ordinal: ``cuda:0``, ``xpu:0``, ``mps``."""
+        return self.sources.allocator.label(index)
 
     @cached_property
     def allocator_backend(self) -> str:
         """``torch.cuda.get_allocator_backend()`` (``native``, ``cudaMallocAsync``, ``pluggable``)."""
-        return self.sources.cuda.allocator_backend()
+        return self.sources.allocator.allocator_backend()
 
     @cached_property
     def uuids(self) -> dict[int, str | None]:
-        """Each CUDA device's UUID (torch's spelling), read once a scrape: NVML is asked by it."""
-        return {i: self.sources.cuda.uuid(i) for i in self.cuda_devices}
+        """Each device's UUID (torch's spelling), read once a scrape: the driver is asked by it."""
+        return {i: self.sources.allocator.uuid(i) for i in self.devices}
 
     @cached_property
-    def nvml(self) -> dict[int, NvmlMemory | None]:
-        return {i: self.sources.nvml.memory(uuid) if uuid else None for i, uuid in self.uuids.items()}
+    def driver(self) -> dict[int, DeviceMemory | None]:
+        """Each device in use as its driver library sees it (NVML, amdsmi, torch.xpu)."""
+        return {i: self.sources.driver.memory(uuid, i) if uuid else None for i, uuid in self.uuids.items()}
 
     @cached_property
-    def nvml_process(self) -> dict[int, ProcessMemory | None]:
-        """This process's memory on each CUDA device in use, as the driver counts it (NVML)."""
+    def driver_process(self) -> dict[int, ProcessMemory | None]:
+        """This process's memory on each device in use, as the driver counts it."""
         pid = os.getpid()  # per scrape: a forked child asks for its own
-        return {i: self.sources.nvml.process_memory(uuid, pid) if uuid else None for i, uuid in self.uuids.items()}
+        return {i: self.sources.driver.process_memory(uuid, pid) if uuid else None for i, uuid in self.uuids.items()}
 
     @cached_property
     def host(self) -> HostSample:
@@ -135,7 +139,7 @@ class Scrape:
 
     @cached_property
     def views(self) -> dict[str, MemoryView]:
-        """``{device label: MemoryView}`` for ``cpu`` and each CUDA device in use (DESIGN.md §4).
+        """``{device label: MemoryView}`` for ``cpu`` and each accelerator device in use (DESIGN.md §4).
 
         A failing source costs only its own devices' views (or their limits), and says so in
         ``view_failures``: the memory collector reports them on its success gauge.
@@ -154,35 +158,38 @@ class Scrape:
                 limit = None if host.available is None else float(host.rss + host.available)
                 views["cpu"] = MemoryView(used=float(host.rss), limit=limit)
         try:
-            cuda_stats = self.cuda_stats
+            stats_of = self.allocator_stats
         except Exception as exc:
-            self.view_failures.append(f"cuda: memory_stats() failed ({type(exc).__name__}: {exc})")
-            cuda_stats = {}
-        for i, stats in cuda_stats.items():
+            family = getattr(self.sources.allocator, "family", CUDA)
+            self.view_failures.append(f"{family}: memory_stats() failed ({type(exc).__name__}: {exc})")
+            stats_of = {}
+        for i, stats in stats_of.items():
             used = stats.get("allocated_bytes.all.current")
-            if used is None:  # the allocator cannot say (a pluggable allocator): no cuda view
+            if used is None:  # the allocator cannot say (a pluggable allocator): no device view
                 continue
-            views[cuda_label(i)] = MemoryView(used=float(used), limit=self._cuda_limit(i, stats))
+            views[self.label(i)] = MemoryView(used=float(used), limit=self._device_limit(i, stats))
         budget = self.sources.config.memory_limit_bytes
         if budget is not None:
-            # The soft budget applies to the devices the job trains on: CUDA when it is in use
-            # (even where its view is unknown, under a pluggable allocator), else cpu. It can only
-            # tighten the limit: a budget above what the device has must not hide the real OOM.
-            targets = [cuda_label(i) for i in cuda_stats] or ["cpu"]
+            # The soft budget applies to the devices the job trains on: the accelerator when it is
+            # in use (even where its view is unknown, under a pluggable allocator), else cpu. It can
+            # only tighten the limit: a budget above what the device has must not hide the real OOM.
+            targets = [self.label(i) for i in stats_of] or ["cpu"]
             for d in (d for d in targets if d in views):
                 limit = views[d].limit
                 views[d] = MemoryView(views[d].used, float(budget) if limit is None else min(limit, float(budget)))
         return views
 
-    def _cuda_limit(self, index: int, stats: Mapping[str, int]) -> float | None:
-        """Reserved + device free (NVML, else ``cudaMemGetInfo``), capped by the memory fraction.
+    def _device_limit(self, index: int, stats: Mapping[str, int]) -> float | None:
+        """Reserved + device free (the driver library's, else the allocator's ``mem_get_info``),
+        capped by the memory fraction.
 
         The allocator refuses to reserve beyond ``fraction * get_device_properties().total_memory``
         (the CUDA total, smaller than NVML's), whatever the device has free. ``None`` when neither
-        a free figure nor a cap is known.
+        a free figure nor a cap is known. On MPS the backend's ``mem_get_info`` answers the room
+        left under ``recommended_max_memory`` (backends/mps.py), so the limit is that figure.
         """
-        cuda = self.sources.cuda
-        nv = self.nvml.get(index)
+        cuda = self.sources.allocator
+        nv = self.driver.get(index)
         free: int | None = nv.free if nv is not None else None
         if free is None:
             info = cuda.mem_get_info(index)

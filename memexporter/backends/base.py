@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from memexporter.backends.host import HostSample
-    from memexporter.backends.nvml import NvmlMemory, ProcessMemory
 
 log = logging.getLogger("memexporter")
 
@@ -25,19 +25,75 @@ ALLOCATOR_ASYNC = "cudaMallocAsync"
 ALLOCATOR_PLUGGABLE = "pluggable"  # torch.cuda.memory.CUDAPluggableAllocator: no statistics at all
 
 
+# The device families torch's caching allocators serve, by torch.device type. ROCm's HIP build
+# answers through torch.cuda, so an AMD GPU is "cuda" here too (device_info's vendor tells).
+CUDA, XPU, MPS = "cuda", "xpu", "mps"
+
+
+def device_label(family: str, index: int) -> str:
+    """The ``device`` label of an ordinal as the process sees it: ``cuda:N``, ``xpu:N``, or ``mps``
+    (Apple silicon has one GPU; torch names it ``mps``)."""
+    return MPS if family == MPS else f"{family}:{index}"
+
+
 def cuda_label(index: int) -> str:
-    """The ``device`` label of a CUDA ordinal as the process sees it: ``cuda:N``."""
-    return f"cuda:{index}"
+    """``device_label`` of a CUDA (or ROCm) ordinal: ``cuda:N``."""
+    return device_label(CUDA, index)
 
 
-class CudaSource(Protocol):
-    """What the scrape and the step tracker need from ``backends.torch.TorchBackend``.
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One device as its driver library reports it (NVML, amdsmi, or torch.xpu). Sizes in bytes.
 
-    No method raises: an unreadable figure is ``None`` (or ``1.0`` for the fraction), so one
-    failing call costs only its own figure.
+    ``uuid`` is the library's spelling (NVML: ``GPU-...`` or ``MIG-...``), ``name`` the model
+    name, ``pci_bus_id`` the PCI address. On an NVIDIA MIG slice ``gpu_uuid`` is the physical
+    GPU's UUID and ``gpu_instance_id`` its GPU instance id, which is how dcgm-exporter labels a
+    slice (``UUID``, ``GPU_I_ID``); on a whole GPU ``gpu_uuid`` equals ``uuid`` and
+    ``gpu_instance_id`` is empty. ``vendor``: ``nvidia``, ``amd`` or ``intel``.
     """
 
-    def cuda_devices(self) -> list[int]: ...
+    uuid: str
+    name: str
+    total: int
+    used: int
+    free: int
+    pci_bus_id: str = ""
+    gpu_uuid: str = ""
+    gpu_instance_id: str = ""
+    vendor: str = "nvidia"
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """This process's memory on one device as the driver counts it (NVML's
+    ``nvmlDeviceGetComputeRunningProcesses``, amdsmi's process list): everything the process
+    holds there, the caching allocator's reserved bytes plus what it never sees (the context,
+    cuBLAS/cuDNN or rocBLAS/MIOpen workspaces, NCCL/RCCL buffers, other libraries' allocations).
+
+    ``used`` in bytes, ``None`` when the driver cannot say, and ``why``: ``hidden`` (the driver
+    lists the device's processes under PIDs of another PID namespace, as in a container without
+    the host's PID namespace, so none is this one), ``not_available`` (the driver lists this
+    process without a figure: NVML's ``NVML_VALUE_NOT_AVAILABLE``, amdsmi's ``"N/A"``) or
+    ``error`` (the call failed).
+    """
+
+    used: int | None
+    why: str = ""
+
+
+class AllocatorSource(Protocol):
+    """What the scrape and the step tracker need from a caching allocator's backend: ``TorchBackend``
+    (torch.cuda, on NVIDIA and on ROCm), ``XpuBackend`` (torch.xpu) or ``MpsBackend`` (torch.mps).
+
+    ``device_stats`` answers in ``torch.cuda.memory_stats()``'s flat vocabulary, whatever the
+    family. No method raises: an unreadable figure is ``None`` (or ``1.0`` for the fraction), so
+    one failing call costs only its own figure.
+    """
+
+    family: str
+
+    def label(self, index: int) -> str: ...
+    def devices_in_use(self) -> list[int]: ...
     def device_stats(self) -> dict[int, Mapping[str, int]]: ...
     def allocator_backend(self) -> str: ...
     def allocated(self, index: int) -> tuple[int, int]: ...
@@ -49,10 +105,12 @@ class CudaSource(Protocol):
     def versions(self) -> tuple[str, str]: ...
 
 
-class NvmlSource(Protocol):
-    """What the scrape needs from ``backends.nvml.NvmlBackend``."""
+class DriverSource(Protocol):
+    """What the scrape needs from a driver library's backend: ``NvmlBackend`` (NVIDIA),
+    ``AmdSmiBackend`` (AMD), ``XpuBackend`` (Intel, through torch.xpu) or ``NoDriver``. Devices
+    are named by torch's UUID (``AllocatorSource.uuid``), never by index."""
 
-    def memory(self, uuid: str) -> NvmlMemory | None: ...
+    def memory(self, uuid: str, index: int | None = None) -> DeviceMemory | None: ...  # index: torch's ordinal
     def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None: ...
 
 

@@ -19,54 +19,15 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from memexporter.backends.base import LogOnce
+from memexporter.backends.base import DeviceMemory, LogOnce, ProcessMemory
 
 log = logging.getLogger("memexporter")
 
 
 @dataclass(frozen=True)
-class NvmlMemory:
-    """One device as NVML reports it. Sizes in bytes (``nvmlDeviceGetMemoryInfo``).
-
-    ``uuid`` is NVML's spelling (``GPU-...`` or ``MIG-...``), ``name`` the model name
-    (``nvmlDeviceGetName``), ``pci_bus_id`` ``nvmlDeviceGetPciInfo().busId``. On a MIG slice
-    ``gpu_uuid`` is the physical GPU's UUID and ``gpu_instance_id`` its GPU instance id, which is
-    how dcgm-exporter labels a slice (``UUID``, ``GPU_I_ID``); on a whole GPU ``gpu_uuid`` equals
-    ``uuid`` and ``gpu_instance_id`` is empty.
-    """
-
-    uuid: str
-    name: str
-    total: int
-    used: int
-    free: int
-    pci_bus_id: str = ""
-    gpu_uuid: str = ""
-    gpu_instance_id: str = ""
-
-
-@dataclass(frozen=True)
-class ProcessMemory:
-    """This process's memory on one device as the driver counts it: ``usedGpuMemory`` of its entry
-    in ``nvmlDeviceGetComputeRunningProcesses``. That is everything the process holds there: the
-    caching allocator's reserved bytes plus what it never sees (the CUDA context, cuBLAS and cuDNN
-    workspaces, NCCL buffers, other libraries' own allocations).
-
-    ``used`` in bytes, ``None`` when the driver cannot say, and ``why``: ``hidden`` (the driver
-    lists the device's processes under PIDs of another PID namespace, as in a container without
-    the host's PID namespace, so none is this one), ``not_available`` (the driver lists this
-    process without a figure: ``NVML_VALUE_NOT_AVAILABLE``, as on a MIG slice without the
-    privileges to see it or under Windows WDDM) or ``error`` (the call failed).
-    """
-
-    used: int | None
-    why: str = ""
-
-
-@dataclass(frozen=True)
 class _Device:
     handle: Any
-    identity: NvmlMemory  # sizes zero: filled per scrape
+    identity: DeviceMemory  # sizes zero: filled per scrape
 
 
 def _text(value: object) -> str:
@@ -110,8 +71,9 @@ class NvmlBackend:
                              "(pip install memexporter[nvml] brings nvidia-ml-py)", exc)
             return self._nvml
 
-    def memory(self, uuid: str) -> NvmlMemory | None:
-        """Identity and memory of the device torch calls ``uuid``, or ``None`` if NVML cannot say."""
+    def memory(self, uuid: str, index: int | None = None) -> DeviceMemory | None:
+        """Identity and memory of the device torch calls ``uuid``, or ``None`` if NVML cannot say.
+        ``index`` (torch's ordinal) is not used: NVML numbers the physical GPUs its own way."""
         nvml = self._lib()
         if nvml is None:
             return None
@@ -124,7 +86,7 @@ class NvmlBackend:
             self._log.warning(f"memory:{uuid}", "memexporter: NVML cannot read the memory of %s (%s)", device.identity.uuid, exc)
             return None
         d = device.identity
-        return NvmlMemory(d.uuid, d.name, int(info.total), int(info.used), int(info.free),
+        return DeviceMemory(d.uuid, d.name, int(info.total), int(info.used), int(info.free),
                           d.pci_bus_id, d.gpu_uuid, d.gpu_instance_id)
 
     def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None:
@@ -210,7 +172,7 @@ class NvmlBackend:
                     raise
         return out
 
-    def _describe(self, nvml: ModuleType, handle: Any) -> NvmlMemory:
+    def _describe(self, nvml: ModuleType, handle: Any) -> DeviceMemory:
         """The device's identity; the optional parts (PCI, MIG parent) are empty when NVML cannot say."""
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         name = _text(nvml.nvmlDeviceGetName(handle))
@@ -227,4 +189,4 @@ class NvmlBackend:
         except Exception as exc:
             self._log.warning(f"pci:{uuid}", "memexporter: NVML has no PCI bus id for %s (%s)", uuid, exc)
             pci = ""
-        return NvmlMemory(uuid, name, 0, 0, 0, pci, gpu_uuid, instance)
+        return DeviceMemory(uuid, name, 0, 0, 0, pci, gpu_uuid, instance)

@@ -1,4 +1,6 @@
-"""CUDA caching-allocator access: the only module that imports ``torch.cuda``.
+"""CUDA caching-allocator access: the only module that imports ``torch.cuda``. ROCm's HIP build of
+torch answers through the same ``torch.cuda`` functions (the HIP caching allocator keeps CUDA's
+statistics), so this backend serves AMD GPUs too; ``backends/amdsmi.py`` is their driver view.
 
 Observe, never initialise: every call first checks ``torch.cuda.is_initialized()`` and answers
 empty when CUDA is not in use, so the exporter never creates a CUDA context on its own (a context
@@ -20,7 +22,7 @@ from typing import Any
 import torch
 import torch.cuda
 
-from memexporter.backends.base import ALLOCATOR_NATIVE, LogOnce
+from memexporter.backends.base import ALLOCATOR_NATIVE, CUDA, LogOnce, device_label
 
 
 def process_group() -> tuple[int, int] | None:
@@ -53,8 +55,14 @@ def _has_context(index: int) -> bool:
 class TorchBackend:
     """Reads ``torch.cuda`` for initialised devices. All sizes are bytes."""
 
+    family = CUDA
+
     def __init__(self) -> None:
         self._log = LogOnce()
+
+    def label(self, index: int) -> str:
+        """``cuda:N``, on NVIDIA and ROCm alike (torch's own name for the device)."""
+        return device_label(CUDA, index)
 
     def device_stats(self) -> dict[int, Mapping[str, int]]:
         """``{ordinal: memory_stats(ordinal)}`` for the devices in use.
@@ -82,7 +90,7 @@ class TorchBackend:
                 out[index] = stats
         return out
 
-    def cuda_devices(self) -> list[int]:
+    def devices_in_use(self) -> list[int]:
         """Ordinals of the devices in use whose allocator reports memory (what the step tracker follows)."""
         return [index for index, stats in self.device_stats().items() if stats]
 
@@ -106,7 +114,7 @@ class TorchBackend:
 
         Runs on the training thread several times a step, so it takes the nested dict that
         ``memory_stats()`` would flatten and sort (~150 keys) and reads the two numbers it needs.
-        Raises what torch raises (the tracker counts it); only devices from ``cuda_devices()``
+        Raises what torch raises (the tracker counts it); only devices from ``devices_in_use()``
         are asked.
         """
         if not _initialized():

@@ -1,4 +1,5 @@
-"""CUDA caching-allocator series from ``torch.cuda.memory_stats()``, one call per device per scrape.
+"""Caching-allocator series from ``memory_stats()``, one call per device per scrape: torch.cuda's on
+NVIDIA and ROCm, torch.xpu's on Intel, and MPS's figures in the same vocabulary (backends/mps.py).
 
 Keys vary across torch versions (torch 1.13 reports neither ``requested_bytes`` nor
 ``num_device_alloc``), so each series is emitted only when its key is present: a missing key means
@@ -17,7 +18,7 @@ from prometheus_client.core import Metric
 
 from memexporter.backends.base import ALLOCATOR_ASYNC
 from memexporter.metrics import families
-from memexporter.scrape import Scrape, cuda_label
+from memexporter.scrape import Scrape
 
 # Contract metric name -> memory_stats() key.
 KEYS: dict[str, str] = {
@@ -68,16 +69,16 @@ class AllocatorCollector:
     def collect(self, scrape: Scrape) -> Iterable[Metric]:
         rank = scrape.sources.rank
         rows: dict[str, list[tuple[tuple[str, ...], float]]] = {m: [] for m in [*KEYS, FRAGMENTATION, INFO, *PINNED]}
-        if not scrape.cuda_stats:
+        if not scrape.allocator_stats:
             return []
-        pinned = scrape.sources.cuda.host_pinned_stats()
+        pinned = scrape.sources.allocator.host_pinned_stats()
         for metric, key in PINNED.items():
             if key in pinned:
                 rows[metric].append(((rank,), float(pinned[key])))
         backend = scrape.allocator_backend
         skip = NATIVE_ONLY if backend == ALLOCATOR_ASYNC else frozenset()
-        for index, stats in scrape.cuda_stats.items():
-            labels = (rank, cuda_label(index))
+        for index, stats in scrape.allocator_stats.items():
+            labels = (rank, scrape.label(index))
             rows[INFO].append(((*labels, backend), 1.0))
             for metric, key in KEYS.items():
                 if key in stats and metric not in skip:

@@ -1,11 +1,13 @@
-"""Device memory and identity from NVML, matched to CUDA ordinals by UUID.
+"""Device memory and identity from the driver library (NVML, amdsmi, torch.xpu), matched to torch's
+ordinals by UUID.
 
-NVML ignores ``CUDA_VISIBLE_DEVICES``, so ``cuda:0`` inside the process may be physical GPU 3:
-the UUID from ``get_device_properties`` is the join key. NVML unavailable means no series.
+NVML and amdsmi ignore ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``, so ``cuda:0`` inside the
+process may be physical GPU 3: the UUID from ``get_device_properties`` is the join key. No driver
+library (or no match) means no series.
 ``device_process_used_bytes`` is this process's own share as the driver counts it, and
 ``device_non_allocator_bytes`` the part of it PyTorch's caching allocator does not hold.
 ``device_info`` carries what a join with dcgm-exporter needs (NVML's UUID, the physical GPU's
-UUID and MIG GPU instance id, the PCI bus id, the model name): see the README.
+UUID and MIG GPU instance id, the PCI bus id, the model name) and the vendor: see the README.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from prometheus_client.core import Metric
 
 from memexporter.collectors.allocator import KEYS
 from memexporter.metrics import families
-from memexporter.scrape import Scrape, cuda_label
+from memexporter.scrape import Scrape
 
 RESERVED = KEYS["memexporter_allocator_reserved_bytes"]  # the memory_stats() key
 
@@ -28,22 +30,22 @@ class DeviceCollector:
     def collect(self, scrape: Scrape) -> Iterable[Metric]:
         rank = scrape.sources.rank
         total, used, free, info, process, outside = [], [], [], [], [], []
-        for index, mem in scrape.nvml.items():
+        for index, mem in scrape.driver.items():
             if mem is None:
                 continue
-            labels = (rank, cuda_label(index))
+            labels = (rank, scrape.label(index))
             total.append((labels, float(mem.total)))
             used.append((labels, float(mem.used)))
             free.append((labels, float(mem.free)))
-            identity = (mem.uuid, mem.name, mem.pci_bus_id, mem.gpu_uuid or mem.uuid, mem.gpu_instance_id)
+            identity = (mem.uuid, mem.name, mem.pci_bus_id, mem.gpu_uuid or mem.uuid, mem.gpu_instance_id, mem.vendor)
             info.append(((*labels, *identity), 1.0))
-            mine = scrape.nvml_process.get(index)
+            mine = scrape.driver_process.get(index)
             if mine is None or mine.why == "error":  # the driver gave no answer at all: no series
                 continue
             # NaN, not absent, when the driver lists the device but cannot say for this process:
-            # the series says it was asked, and the log says why (backends/nvml.py).
+            # the series says it was asked, and the log says why (the driver's backend).
             process.append((labels, math.nan if mine.used is None else float(mine.used)))
-            reserved = scrape.cuda_stats.get(index, {}).get(RESERVED)
+            reserved = scrape.allocator_stats.get(index, {}).get(RESERVED)
             if mine.used is not None and reserved is not None:
                 # The driver's figure and the allocator's are read microseconds apart: a
                 # segment freed in between could make the difference negative.

@@ -24,7 +24,7 @@ class ExporterCollector:
     def collect(self, scrape: Scrape) -> Iterable[Metric]:
         src = scrape.sources
         ident = src.identity
-        torch_version, cuda_version = src.cuda.versions()
+        torch_version, cuda_version = src.allocator.versions()
         dropped = src.http.dropped() if src.http is not None else {}
         return families({
             "memexporter_build_info": [((ident.rank, src.version, torch_version, cuda_version), 1.0)],

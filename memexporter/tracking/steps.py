@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from memexporter.backends.base import CudaSource, HostSource, cuda_label
+from memexporter.backends.base import AllocatorSource, HostSource
 from memexporter.trend import TrendPoints, TrendWindow
 
 log = logging.getLogger("memexporter")
@@ -89,7 +89,7 @@ def _step_peak(dev: _Device, used: int, high_water: int) -> int:
 class StepTracker:
     """Bounded per-device step history. ``step()`` and ``sample()`` run on the training thread."""
 
-    def __init__(self, cuda: CudaSource, host: HostSource, window: int, warmup_steps: int,
+    def __init__(self, cuda: AllocatorSource, host: HostSource, window: int, warmup_steps: int,
                  clock: Callable[[], float] = time.monotonic, host_peak: Callable[[], int] = _host_peak,
                  wall: Callable[[], float] = time.time) -> None:
         self._cuda, self._host, self._clock, self._host_peak, self._wall = cuda, host, clock, host_peak, wall
@@ -120,7 +120,7 @@ class StepTracker:
         out: Readings = {}
         try:
             if refresh and self.steps % _DEVICE_REFRESH_STEPS == 0:
-                self._cuda_indices = self._cuda.cuda_devices()
+                self._cuda_indices = self._cuda.devices_in_use()
         except Exception:
             self._failed()
         try:
@@ -129,7 +129,7 @@ class StepTracker:
             self._failed()
         for i in self._cuda_indices:
             try:
-                out[cuda_label(i)] = self._cuda.allocated(i)
+                out[self._cuda.label(i)] = self._cuda.allocated(i)
             except Exception:
                 self._failed()
         return out

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry
 
+from memexporter.backends.base import CUDA, DeviceMemory, ProcessMemory, device_label
 from memexporter.backends.host import HostSample
-from memexporter.backends.nvml import NvmlMemory, ProcessMemory
 from memexporter.config import Config
 from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.scrape import Identity, Sources
@@ -45,8 +45,12 @@ class FakeCuda:
     backend: str = "native"
     calls: int = 0
     pinned: dict[str, float] = field(default_factory=dict)  # host_memory_stats()
+    family: str = CUDA
 
-    def cuda_devices(self) -> list[int]:
+    def label(self, index: int) -> str:
+        return device_label(self.family, index)
+
+    def devices_in_use(self) -> list[int]:
         return sorted(self.stats)
 
     def device_stats(self) -> dict[int, Mapping[str, int]]:
@@ -81,10 +85,10 @@ class FakeCuda:
 
 @dataclass
 class FakeNvml:
-    devices: dict[str, NvmlMemory] = field(default_factory=dict)
+    devices: dict[str, DeviceMemory] = field(default_factory=dict)
     processes: dict[str, ProcessMemory] = field(default_factory=dict)  # by UUID: this process's share
 
-    def memory(self, uuid: str) -> NvmlMemory | None:
+    def memory(self, uuid: str, index: int | None = None) -> DeviceMemory | None:
         return self.devices.get(uuid)
 
     def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None:
@@ -118,7 +122,7 @@ def one_gpu(**stats_overrides: int) -> tuple[FakeCuda, FakeNvml]:
     """One synthetic GPU at cuda:0 whose NVML twin has the matching UUID."""
     cuda = FakeCuda(stats={0: {**SYNTHETIC_STATS, **stats_overrides}}, uuids={0: "GPU-synthetic-0"},
                     pinned=host_memory_stats(512 * MiB, 128 * MiB, 16, 4))
-    nvml = FakeNvml({"GPU-synthetic-0": NvmlMemory("GPU-synthetic-0", "Synthetic GPU", 80 * GiB, 10 * GiB, 70 * GiB,
+    nvml = FakeNvml({"GPU-synthetic-0": DeviceMemory("GPU-synthetic-0", "Synthetic GPU", 80 * GiB, 10 * GiB, 70 * GiB,
                                                    "00000000:01:00.0", "GPU-synthetic-0", "")})
     # The process as the driver counts it: the allocator's reserved bytes and a 500 MiB context.
     reserved = cuda.stats[0]["reserved_bytes.all.current"]

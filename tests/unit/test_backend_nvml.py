@@ -12,7 +12,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from memexporter.backends.nvml import NvmlBackend, NvmlMemory, ProcessMemory
+from memexporter.backends.base import DeviceMemory, ProcessMemory
+from memexporter.backends.nvml import NvmlBackend
 from tests.support.cuda_standins import load, no_nvml
 from tests.support.nvml_standin import NvmlStandIn
 from tests.support.synthetic_fixtures import SYNTHETIC_DIR
@@ -44,7 +45,7 @@ def test_a100_matched_by_uuid_not_index(monkeypatch: pytest.MonkeyPatch, strings
     assert isinstance(module.nvmlDeviceGetPciInfo(module.nvmlDeviceGetHandleByIndex(3)).busId, type(name))
     mem = NvmlBackend().memory(spelling)
     # cuda:0 under CUDA_VISIBLE_DEVICES=3 is NVML's fourth GPU, with the same UUID.
-    assert mem == NvmlMemory(uuid=f"GPU-{A100_HEX}", name="NVIDIA A100-SXM4-80GB", total=81920 * MiB,
+    assert mem == DeviceMemory(uuid=f"GPU-{A100_HEX}", name="NVIDIA A100-SXM4-80GB", total=81920 * MiB,
                              used=40806 * MiB, free=(81920 - 40806) * MiB, pci_bus_id="00000000:C7:00.0",
                              gpu_uuid=f"GPU-{A100_HEX}", gpu_instance_id="")
 
@@ -53,7 +54,7 @@ def test_a100_matched_by_uuid_not_index(monkeypatch: pytest.MonkeyPatch, strings
 def test_mig_slice_found_under_its_mig_spelling(monkeypatch: pytest.MonkeyPatch, handle_by_mig_uuid: bool) -> None:
     nv = install(monkeypatch, "a100_mig_1g.10gb_torch2.13", handle_by_mig_uuid=handle_by_mig_uuid)
     mem = NvmlBackend().memory(MIG_HEX)
-    assert mem == NvmlMemory(uuid=f"MIG-{MIG_HEX}", name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", total=9728 * MiB,
+    assert mem == DeviceMemory(uuid=f"MIG-{MIG_HEX}", name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", total=9728 * MiB,
                              used=7820 * MiB, free=1908 * MiB, pci_bus_id="00000000:4E:00.0",  # the parent GPU's
                              gpu_uuid=MIG_PARENT, gpu_instance_id="13")
     assert ("nvmlDeviceGetMigDeviceHandleByIndex" in nv.calls) is not handle_by_mig_uuid

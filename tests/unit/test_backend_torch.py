@@ -50,7 +50,7 @@ def test_v100_on_torch_1_13_after_caught_ooms(monkeypatch: pytest.MonkeyPatch, c
     assert list(stats) == [0] and len(stats[0]) == 107
     assert stats[0]["num_ooms"] == 3 and stats[0]["num_alloc_retries"] == 5
     assert "requested_bytes.all.current" not in stats[0] and "num_device_alloc" not in stats[0]
-    assert b.cuda_devices() == [0]
+    assert b.devices_in_use() == [0]
     assert b.allocated(0) == (stats[0]["allocated_bytes.all.current"], stats[0]["allocated_bytes.all.peak"])
     # That torch has neither get_allocator_backend() nor get_per_process_memory_fraction().
     assert not hasattr(torch.cuda, "get_allocator_backend") and not hasattr(torch.cuda, "get_per_process_memory_fraction")
@@ -90,7 +90,7 @@ def test_pluggable_allocator_that_raises(monkeypatch: pytest.MonkeyPatch, caplog
     b = TorchBackend()
     for _ in range(3):  # three scrapes
         assert b.device_stats() == {0: {}}  # in use (it holds a context), figures unknown
-        assert b.cuda_devices() == []  # nothing for the step tracker to follow
+        assert b.devices_in_use() == []  # nothing for the step tracker to follow
         assert b.memory_fraction(0) == 1.0
     assert b.allocator_backend() == "pluggable"
     assert b.mem_get_info(0) == (17188 * MiB, 84942979072)
@@ -128,7 +128,7 @@ def test_not_initialised_reads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     a["initialized"] = False
     s = standin(monkeypatch, a)
     b = TorchBackend()
-    assert b.device_stats() == {} and b.cuda_devices() == []
+    assert b.device_stats() == {} and b.devices_in_use() == []
     assert (b.uuid(0), b.total_memory(0), b.mem_get_info(0), b.memory_fraction(0), b.allocated(0)) == (None, None, None, 1.0, (0, 0))
     assert s.calls == []
 

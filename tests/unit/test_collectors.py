@@ -89,7 +89,7 @@ def test_device_matched_by_uuid_not_index() -> None:
     assert value(reg, "memexporter_device_total_bytes", rank="3", device="cuda:0") == 80 * GiB
     assert value(reg, "memexporter_device_used_bytes", rank="3", device="cuda:0") == 10 * GiB
     assert value(reg, "memexporter_device_info", rank="3", device="cuda:0", uuid="GPU-synthetic-0", name="Synthetic GPU",
-                 pci_bus_id="00000000:01:00.0", gpu_uuid="GPU-synthetic-0", gpu_instance_id="") == 1
+                 pci_bus_id="00000000:01:00.0", gpu_uuid="GPU-synthetic-0", gpu_instance_id="", vendor="nvidia") == 1
 
 
 def test_nvml_none_means_no_device_series_and_success() -> None:

@@ -86,7 +86,7 @@ def test_a100_fraction_caps_at_the_cuda_total_not_nvmls(monkeypatch: pytest.Monk
     assert v(reg, "memexporter_device_total_bytes") == nvml_total  # the device series keep NVML's figure
     assert device_info(reg) == [{"rank": "3", "device": "cuda:0", "uuid": "GPU-3f6a9c2e-8b1d-4e07-a5c9-72d41e0b9f63",
                                  "name": "NVIDIA A100-SXM4-80GB", "pci_bus_id": "00000000:C7:00.0",
-                                 "gpu_uuid": "GPU-3f6a9c2e-8b1d-4e07-a5c9-72d41e0b9f63", "gpu_instance_id": ""}]
+                                 "gpu_uuid": "GPU-3f6a9c2e-8b1d-4e07-a5c9-72d41e0b9f63", "gpu_instance_id": "", "vendor": "nvidia"}]
     assert v(reg, "memexporter_allocator_requested_bytes") == 31878 * MiB + 59 * MiB
     assert v(reg, "memexporter_allocator_device_allocations_total") == 279
     assert all_collectors_succeeded(reg)
@@ -106,7 +106,7 @@ def test_mig_slice_has_device_series_and_join_labels(monkeypatch: pytest.MonkeyP
     assert v(reg, "memexporter_device_total_bytes") == 9728 * MiB  # the slice, not the GPU
     assert device_info(reg) == [{"rank": "3", "device": "cuda:0", "uuid": "MIG-9b1c5e7a-2d4f-5a60-8c3b-1e9f0d2a7c45",
                                  "name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "pci_bus_id": "00000000:4E:00.0",
-                                 "gpu_uuid": "GPU-e1c4a8f2-6b3d-4f90-8a7e-2c5d1b0f9e36", "gpu_instance_id": "13"}]
+                                 "gpu_uuid": "GPU-e1c4a8f2-6b3d-4f90-8a7e-2c5d1b0f9e36", "gpu_instance_id": "13", "vendor": "nvidia"}]
     reserved = a["devices"]["0"]["memory_stats"]["reserved_bytes.all.current"]
     assert v(reg, "memexporter_memory_limit_bytes") == reserved + 1908 * MiB  # the slice's free memory
     assert all_collectors_succeeded(reg)
@@ -196,7 +196,7 @@ def test_budget_stays_on_cuda_when_its_view_is_unknown(monkeypatch: pytest.Monke
 
 
 def test_a_raising_cuda_source_costs_only_the_cuda_series() -> None:
-    # A CudaSource that raises (TorchBackend does not; a future one might): the allocator and
+    # A AllocatorSource that raises (TorchBackend does not; a future one might): the allocator and
     # device collectors report the failure, and so does the memory collector, whose cuda view is
     # gone; the cpu view and the step count stay.
     class Broken(FakeCuda):
