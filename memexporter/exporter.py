@@ -155,18 +155,20 @@ def start(model: Any = None, optimizer: Any = None, meter_provider: Any = None, 
 
 
 def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Exporter:
+    from memexporter.backends import select
     from memexporter.backends.host import HostBackend
-    from memexporter.backends.nvml import NvmlBackend
     from memexporter.backends.torch import TorchBackend
     from memexporter.diagnose.wiring import attach as attach_diagnostics
 
     ident = fleet.identity(run_id=config.run_id, detail_ranks=config.detail_ranks)
     port = _port_for_rank(config, ident)
-    cuda, host = TorchBackend(), HostBackend()
-    tracker = steps.StepTracker(cuda, host, window=config.leak_window, warmup_steps=config.warmup_steps)
+    (allocator, driver), host = select.backends(), HostBackend()
+    # The diagnosis hooks (snapshots, the OOM observer) are CUDA's; elsewhere they stay idle.
+    cuda = allocator if isinstance(allocator, TorchBackend) else TorchBackend()
+    tracker = steps.StepTracker(allocator, host, window=config.leak_window, warmup_steps=config.warmup_steps)
     http_stats = ConnectionStats()
     phase_tracker = phases.PhaseTracker(tracker)
-    sources = Sources(ident, config, cuda, NvmlBackend(), host, tracker, __version__, http_stats, phase_tracker)
+    sources = Sources(ident, config, allocator, driver, host, tracker, __version__, http_stats, phase_tracker)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MemexporterCollector(catalogue(), sources))
     diagnostics = attach_diagnostics(config, sources, cuda)

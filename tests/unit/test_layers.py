@@ -1,11 +1,12 @@
-"""The layering DESIGN.md fixes, read from the source: one module each touches torch.cuda and
-pynvml, the backend protocols sit in a leaf module, and the training-thread side (tracking/)
+"""The layering DESIGN.md fixes, read from the source: one module each touches torch.cuda, torch.xpu,
+MPS's memory (through torch.accelerator), pynvml and amdsmi, the backend protocols sit in a leaf module, and the training-thread side (tracking/)
 never imports the scrape side, so the layers point one way:
 backends -> tracking -> scrape -> collectors."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -38,11 +39,28 @@ def modules() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
-@pytest.mark.parametrize(("target", "owner"), [("torch.cuda", "backends/torch.py"), ("pynvml", "backends/nvml.py")])
+@pytest.mark.parametrize(("target", "owner"), [("torch.cuda", "backends/torch.py"), ("pynvml", "backends/nvml.py"),
+                                               ("torch.xpu", "backends/xpu.py"), ("amdsmi", "backends/amdsmi.py")])
 def test_one_module_touches_each_device_library(target: str, owner: str) -> None:
     users = {str(p.relative_to(PACKAGE)) for p in modules()
              if any(m == target or m.startswith(f"{target}.") for m in imports(p))}
     assert users == {owner}
+
+
+@pytest.mark.parametrize(("pattern", "owner"), [
+    (r"\btorch\.xpu\.", "backends/xpu.py"),
+    (r"\btorch\.mps\.", None),  # every torch.mps memory call creates the Metal device: none is made
+    (r"\btorch\.accelerator\.(memory_stats|get_memory_info|memory_allocated)", "backends/mps.py"),
+])
+def test_device_memory_calls_stay_in_their_backend(pattern: str, owner: str | None) -> None:
+    # torch.xpu and torch.accelerator come with ``import torch``: the imports alone do not tell, the
+    # attribute chains in the code do (docstrings and help texts may name them).
+    def uses(path: Path) -> bool:
+        chains = (ast.unparse(n) for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute))
+        return any(re.match(pattern, chain + ".") for chain in chains)
+
+    users = {str(p.relative_to(PACKAGE)) for p in modules() if uses(p)}
+    assert users == ({owner} if owner else set())
 
 
 def test_backend_protocols_live_in_a_leaf_module() -> None:
