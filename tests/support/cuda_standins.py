@@ -122,6 +122,7 @@ class TorchStandIn:
             mp.delattr(torch.cuda, "host_memory_stats", raising=False)
         mp.setattr(torch, "__version__", a["torch_version"])
         mp.setattr(torch.version, "cuda", a["cuda_version"])
+        mp.setattr(torch.version, "hip", a.get("hip_version"))  # ROCm's build: set, and cuda None
         return self
 
 

@@ -120,3 +120,39 @@ def host_memory_stats(held: int, active: int, blocks: int, active_blocks: int) -
         "host_free_time": {"total": 1210, "max": 611, "min": 288, "count": 3, "avg": 1210 / 3},
     }
     return dict(sorted(flatten(nested_stats).items()))  # type: ignore[arg-type]
+
+
+# --- Other device families (issue 26). Sources: /tmp-free citations in each fixture's provenance. ---
+
+XPU_STAT_ARRAYS: dict[str, tuple[str, ...]] = {
+    # torch/csrc/xpu/Module.cpp THXPModule_memoryStats: four *_bytes arrays up to torch 2.10 ...
+    "2.10": ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"),
+    # ... and nine from 2.11 (pytorch/pytorch#169812); never any scalar or oversize stat.
+    "2.13": ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes", "active_bytes",
+             "inactive_split_bytes", "requested_bytes"),
+}
+# torch/csrc/DeviceAccelerator.cpp (torch.accelerator.memory_stats): every statistic of DeviceStats
+# but num_oom_rejections and the private pools; 122 flat keys, whatever the allocator fills.
+ACCELERATOR_SCALARS = ("num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams", "num_device_alloc",
+                       "num_device_free")
+
+
+def xpu_nested(version: str, arrays: dict[str, dict[str, dict[str, int]]]) -> dict[str, Any]:
+    """A ``torch._C._xpu_memoryStats()`` answer of torch ``version``'s shape; absent arrays are zeros."""
+    unknown = set(arrays) - set(XPU_STAT_ARRAYS[version])
+    if unknown:
+        raise ValueError(f"torch {version}'s XPU allocator reports no {sorted(unknown)}")
+    return {name: arrays.get(name, array()) for name in XPU_STAT_ARRAYS[version]}
+
+
+def aggregate_only(current: int, peak: int, allocated: int) -> dict[str, dict[str, int]]:
+    """A ``StatArray`` whose allocator fills only the aggregate entry (MPS: no pools)."""
+    return {"all": stat(current, peak, allocated), "small_pool": stat(), "large_pool": stat()}
+
+
+def accelerator_nested(arrays: dict[str, dict[str, dict[str, int]]], scalars: dict[str, int]) -> dict[str, Any]:
+    """A ``torch._C._accelerator_getDeviceStats()`` answer: every key, the unfilled ones zero."""
+    out: dict[str, Any] = {name: scalars.get(name, 0) for name in ACCELERATOR_SCALARS}
+    out.update({name: arrays.get(name, array()) for name in STAT_ARRAYS["2.13"]})
+    out.update({name: stat() for name in SINGLE_STATS})
+    return out
