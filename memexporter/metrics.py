@@ -38,7 +38,7 @@ class SemConv:
 
     Emitted beside the row's own instrument (whose name translates back to the Prometheus name).
     ``attributes`` says how its attributes are built: ``"hw.gpu"``: ``hw.id`` (the NVML UUID),
-    ``hw.type="gpu"`` and ``hw.name``, joined from ``memexporter_device_info`` by device;
+    ``hw.type="gpu"``, ``hw.name`` and ``hw.vendor``, joined from ``memexporter_device_info`` by device;
     ``"process"``: none (the process is the resource). Its unit is the row's OTel unit.
     """
 

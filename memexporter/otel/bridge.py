@@ -114,5 +114,6 @@ def _points(inst: Instrument, walk: Samples) -> Iterator[tuple[dict[str, str], f
         for labels, value in rows:
             ident = info.get((labels.get("rank"), labels.get("device")))
             if ident and ident.get("uuid"):
-                name = {"hw.name": ident["name"]} if ident.get("name") else {}  # recommended, not required
-                yield {"hw.id": ident["uuid"], "hw.type": "gpu", **name}, value
+                # hw.name and hw.vendor are recommended, not required: only when known.
+                extra = {k: ident[label] for k, label in (("hw.name", "name"), ("hw.vendor", "vendor")) if ident.get(label)}
+                yield {"hw.id": ident["uuid"], "hw.type": "gpu", **extra}, value

@@ -38,7 +38,7 @@ class Instrument:
         """Attribute keys on its data points (a row's instrument: the row's labels)."""
         if self.semconv is None:
             return self.spec.labels
-        return ("hw.id", "hw.type", "hw.name") if self.semconv.attributes == "hw.gpu" else ()
+        return ("hw.id", "hw.type", "hw.name", "hw.vendor") if self.semconv.attributes == "hw.gpu" else ()
 
 
 def instruments() -> tuple[Instrument, ...]:

@@ -110,7 +110,7 @@ def test_cuda_instruments_exist_up_front_and_report_once_a_device_is_in_use() ->
     got, kinds = read(reader)
     assert got["memexporter.allocator.allocated"] == [({"rank": "3", "device": "cuda:0"}, 3.0 * GiB)]
     assert got["memexporter.allocator.ooms"] == [({"rank": "3", "device": "cuda:0"}, 1.0)]
-    gpu = {"hw.id": "GPU-synthetic-0", "hw.type": "gpu", "hw.name": "Synthetic GPU"}
+    gpu = {"hw.id": "GPU-synthetic-0", "hw.type": "gpu", "hw.name": "Synthetic GPU", "hw.vendor": "nvidia"}
     assert got["hw.gpu.memory.usage"] == [(gpu, 10.0 * GiB)]
     assert got["hw.gpu.memory.limit"] == [(gpu, 80.0 * GiB)]
     assert got["memexporter.device.used"] == [({"rank": "3", "device": "cuda:0"}, 10.0 * GiB)]
