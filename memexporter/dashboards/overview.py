@@ -101,18 +101,18 @@ def _ranks() -> tuple[Panel, ...]:
               "the Top K among the selected ranks" + _END,
               ((top(m("leak_bytes_per_step")), "r{{rank}} {{device}}"),), w=8),
         Panel("Allocator reserved vs allocated", "timeseries", "bytes",
-              "How much memory does the CUDA caching allocator hold beyond live tensors? reserved - allocated is "
+              "How much memory does the caching allocator hold beyond live tensors? reserved - allocated is "
               "cache; active includes blocks waiting on streams. The Top K ranks by reserved among those selected, "
-              "at the end of the time range; allocated is memory_used_bytes of the cuda device (the same figure, on every rank), "
+              "at the end of the time range; allocated is memory_used_bytes of the accelerator (cuda, xpu or mps: the same figure), "
               "active exists on the detail ranks only from 64 ranks up.",
               ((among(m(alloc + "reserved_bytes"), reserved), "reserved r{{rank}} {{device}}"),
-               (among(f'memexporter_memory_used_bytes{{{JOB}, device=~"cuda.*"}}', reserved),
+               (among(f'memexporter_memory_used_bytes{{{JOB}, device!="cpu"}}', reserved),
                 "allocated r{{rank}} {{device}}"),
                (among(m(alloc + "active_bytes"), reserved), "active r{{rank}} {{device}}")), w=12),
         Panel("Memory outside the allocator", "timeseries", "bytes",
               "What does the process hold that PyTorch's caching allocator does not count? Per device, stacked: "
               "the allocator's reserved bytes and, above them, the rest of what the driver counts for this "
-              "process (NVML): the CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers, other libraries. An OOM "
+              "process (NVML, amdsmi): the CUDA or HIP context, library workspaces, NCCL/RCCL buffers, other libraries. An OOM "
               "with headroom left on the allocator panels is often there. Beside them, the pinned host memory "
               "of the host caching allocator. The Top K ranks closest to their limit at the end of the time "
               "range; absent where the driver cannot see the process (a container's PID namespace).",
