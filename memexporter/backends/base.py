@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from memexporter.backends.host import HostSample
 
 log = logging.getLogger("memexporter")
+T = TypeVar("T")
 
 # torch.cuda.get_allocator_backend() answers. Under cudaMallocAsync only allocated, active and
 # reserved bytes are measured (from the driver's pool); the native-only statistics read zero.
@@ -137,3 +138,14 @@ class LogOnce:
             first = key not in self._seen
             self._seen.add(key)
         log.log(logging.WARNING if first else logging.DEBUG, msg, *args)
+
+    def read(self, key: str, fn: Callable[[], T], default: T, msg: str, *args: object) -> T:
+        """``fn()``; if it raises, ``default``, and ``msg % (*args, the exception)`` logged as above.
+
+        A backend's reads are each one such call: one failing figure costs only itself.
+        """
+        try:
+            return fn()
+        except Exception as exc:
+            self.warning(key, msg, *args, exc)
+            return default

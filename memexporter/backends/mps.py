@@ -54,12 +54,10 @@ class MpsBackend:
         """``{0: the allocated and reserved statistics}`` once the allocator holds memory."""
         if not self._initialized():
             return {}
-        try:
-            stats = {k: int(v) for k, v in torch.accelerator.memory_stats(0).items() if k.startswith(MEASURED)}
-        except Exception as exc:
-            self._log.warning("stats", "memexporter: torch.accelerator.memory_stats() failed on mps (%s): no mps "
-                              "series", exc)
-            return {}
+        empty: dict[str, int] = {}
+        stats = self._log.read(
+            "stats", lambda: {k: int(v) for k, v in torch.accelerator.memory_stats(0).items() if k.startswith(MEASURED)},
+            empty, "memexporter: torch.accelerator.memory_stats() failed on mps (%s): no mps series")
         return {0: stats} if stats.get("reserved_bytes.all.peak", 0) > 0 else {}
 
     def devices_in_use(self) -> list[int]:
@@ -90,13 +88,9 @@ class MpsBackend:
         the process, recommended working set)``; the scrape adds reserved back for the limit."""
         if not self._initialized():
             return None
-        try:
-            free, total = torch.accelerator.get_memory_info(0)
-        except Exception as exc:
-            self._log.warning("mem_get_info", "memexporter: torch.accelerator.get_memory_info() failed on mps (%s): no "
-                              "mps limit", exc)
-            return None
-        return int(free), int(total)
+        info = self._log.read("mem_get_info", lambda: torch.accelerator.get_memory_info(0), None,
+                              "memexporter: torch.accelerator.get_memory_info() failed on mps (%s): no mps limit")
+        return None if info is None else (int(info[0]), int(info[1]))
 
     def host_pinned_stats(self) -> Mapping[str, float]:
         return {}  # unified memory: no pinned host pool

@@ -163,12 +163,9 @@ class TorchBackend:
         getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
         if getter is None or not _initialized():
             return 1.0
-        try:
-            return float(getter(index))
-        except Exception as exc:
-            self._log.warning("fraction", "memexporter: torch.cuda.get_per_process_memory_fraction() failed (%s); "
-                              "the cuda limit ignores any memory fraction", exc)
-            return 1.0
+        return self._log.read("fraction", lambda: float(getter(index)), 1.0,
+                              "memexporter: torch.cuda.get_per_process_memory_fraction() failed (%s); the cuda limit "
+                              "ignores any memory fraction")
 
     def mem_get_info(self, index: int) -> tuple[int, int] | None:
         """``(free, total)`` from ``cudaMemGetInfo``, for a device the allocator already uses.
@@ -178,13 +175,10 @@ class TorchBackend:
         """
         if not _initialized():
             return None
-        try:
-            free, total = torch.cuda.mem_get_info(index)
-        except Exception as exc:
-            self._log.warning("mem_get_info", "memexporter: torch.cuda.mem_get_info(%d) failed (%s); "
-                              "the cuda limit is unknown without NVML", index, exc)
-            return None
-        return int(free), int(total)
+        info = self._log.read("mem_get_info", lambda: torch.cuda.mem_get_info(index), None,
+                              "memexporter: torch.cuda.mem_get_info(%d) failed (%s); the cuda limit is unknown "
+                              "without NVML", index)
+        return None if info is None else (int(info[0]), int(info[1]))
 
     def host_pinned_stats(self) -> Mapping[str, float]:
         """``torch.cuda.host_memory_stats()``: the pinned (page-locked) host caching allocator's
@@ -194,12 +188,9 @@ class TorchBackend:
         getter = getattr(torch.cuda, "host_memory_stats", None)
         if getter is None or not _initialized():
             return {}
-        try:
-            return dict(getter())
-        except Exception as exc:
-            self._log.warning("host_stats", "memexporter: torch.cuda.host_memory_stats() failed (%s): no "
-                              "memexporter_host_pinned_* series", exc)
-            return {}
+        return self._log.read("host_stats", lambda: dict(getter()), {},
+                              "memexporter: torch.cuda.host_memory_stats() failed (%s): no memexporter_host_pinned_* "
+                              "series")
 
     def versions(self) -> tuple[str, str]:
         """``(torch.__version__, torch.version.cuda or "")``."""
