@@ -30,7 +30,7 @@ def start(
     strict: bool | None = None,
     certfile: str | None = None,
     keyfile: str | None = None,
-    memory_limit_bytes: int | None = None,
+    memory_limit_bytes: int | str | None = None,
     leak_window: int | None = None,
     warmup_steps: int | None = None,
     auto_step: bool | None = None,

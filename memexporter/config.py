@@ -52,7 +52,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("strict", kt.boolean, False, "Raise instead of logging when the port is taken, the server cannot start, or OTLP push cannot be set up."),
     Knob("certfile", kt.opt_path, None, "TLS certificate (PEM). Needs keyfile; checked at start (a ValueError names a bad file).", "a file path"),
     Knob("keyfile", kt.opt_path, None, "TLS private key (PEM, unencrypted) matching certfile. Needs certfile.", "a file path"),
-    Knob("memory_limit_bytes", kt.opt_positive, None, "Soft budget (bytes) that caps memory_limit_bytes for the devices the job trains on (CUDA if any is in use, else cpu).", "an integer > 0, in bytes"),
+    Knob("memory_limit_bytes", kt.opt_bytes, None, "Soft budget that caps memory_limit_bytes for the devices the job trains on (the accelerator if any is in use, else cpu).", "a size > 0: bytes, or with a unit (40GiB, 512MiB, 40GB)"),
     Knob("leak_window", kt.window, 200, "Steps in the leak-rate window (ring buffer; 8..100000).", "an integer 8-100000"),
     Knob("warmup_steps", kt.non_negative, 20, "Steps ignored at the start of the run and after a restart (allocator and cache warm-up); so are the first 5 s.", "an integer >= 0"),
     Knob("auto_step", kt.boolean, True, "Count every optimizer.step() as a step boundary. memexporter.step() turns this off."),

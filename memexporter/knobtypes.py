@@ -46,6 +46,38 @@ def opt_positive(name: str, value: object) -> int | None:
     return None if value is None or value == "" else positive(name, value)
 
 
+# IEC units are powers of 1024 (PyTorch prints GiB; Kubernetes spells them Ki, Mi, Gi, Ti), SI units
+# powers of 1000. A bare K, M, G or T means either, so it is refused with both readings.
+_UNITS = {"b": 1}
+for _n, _p in enumerate("kmgt", 1):
+    _UNITS.update({f"{_p}ib": 1024 ** _n, f"{_p}i": 1024 ** _n, f"{_p}b": 1000 ** _n})
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def opt_bytes(name: str, value: object) -> int | None:
+    """A size in bytes > 0: an int, or a string with a unit (``40GiB``, ``512MiB``, ``40GB``, ``40Gi``)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        return positive(name, value)
+    match = _SIZE.fullmatch(value)
+    unit = match.group(2).lower() if match else ""
+    if match is None or (unit not in _UNITS and unit not in ("", "k", "m", "g", "t")):
+        raise ValueError(f"memexporter: {name} must be a size in bytes (40GiB, 512MiB, 40GB or 42949672960), "
+                         f"got {value!r}")
+    number = float(match.group(1))
+    if unit in ("k", "m", "g", "t"):
+        iec, si = f"{match.group(1)}{unit.upper()}iB", f"{match.group(1)}{unit.upper()}B"
+        raise ValueError(f"memexporter: {name} got {value!r}: say {iec} ({int(number * _UNITS[unit + 'ib'])} bytes) "
+                         f"or {si} ({int(number * _UNITS[unit + 'b'])} bytes)")
+    if unit == "" and not match.group(1).isdigit():
+        raise ValueError(f"memexporter: {name} must be a whole number of bytes or have a unit, got {value!r}")
+    size = int(number * _UNITS[unit or "b"])
+    if size < 1:
+        raise ValueError(f"memexporter: {name} must be at least 1 byte, got {value!r}")
+    return size
+
+
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 

@@ -77,7 +77,7 @@ BAD_BY_PARSER: dict[str, tuple[object, str | None]] = {
     "addr": ("999.1.1.1", "not an address"),
     "boolean": ("sometimes", "sometimes"),
     "opt_path": ("/nonexistent/file.pem", "/nonexistent/file.pem"),
-    "opt_positive": (0, "0"),
+    "opt_bytes": (0, "40G"),
     "window": (7, "100001"),
     "non_negative": (-1, "minus one"),
     "positive": (0, "0"),
@@ -101,3 +101,20 @@ def test_every_knob_rejects_a_bad_value_naming_it(knob: Knob) -> None:
             Config.resolve({}, environ={knob.env: bad_env})
         assert knob.env in str(info.value) and repr(bad_env) in str(info.value)
 
+
+
+@pytest.mark.parametrize(("given", "size"), [
+    ("40GiB", 40 << 30), ("40Gi", 40 << 30), ("512MiB", 512 << 20), ("1.5GiB", 3 << 29), ("40GB", 40 * 10**9),
+    ("2tib", 2 << 40), ("42949672960", 40 << 30), (42949672960, 40 << 30), (" 8 KiB ", 8192)])
+def test_byte_sizes_take_units(given: object, size: int) -> None:
+    assert Config.resolve({"memory_limit_bytes": given}, environ={}).memory_limit_bytes == size
+    if isinstance(given, str):
+        assert Config.resolve({}, environ={"MEMEXPORTER_MEMORY_LIMIT_BYTES": given}).memory_limit_bytes == size
+
+
+def test_a_bare_g_is_refused_with_both_readings() -> None:
+    with pytest.raises(ValueError, match=r"say 40GiB \(42949672960 bytes\) or 40GB \(40000000000 bytes\)"):
+        Config.resolve({}, environ={"MEMEXPORTER_MEMORY_LIMIT_BYTES": "40G"})
+    for bad in ("lots", "1.5", "0KiB", "40 GiB of it"):
+        with pytest.raises(ValueError, match="memory_limit_bytes"):
+            Config.resolve({"memory_limit_bytes": bad}, environ={})
