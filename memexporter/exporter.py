@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -194,12 +195,23 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     if config.auto_track:
         _auto_track(exporter)
     if server is not None:
-        log.info("memexporter: serving %s (rank %s)", exporter.url, ident.rank)
+        _say_serving(exporter.url, ident.rank)
     elif not config.http and exporter.otel is None:
         log.warning("memexporter: http=False and no OpenTelemetry push: nothing publishes the metrics "
                     "(turn on the OTLP push: otel=True, --otel under memexporter run, or MEMEXPORTER_OTEL=1 where otel is "
                     "not set explicitly; or pass meter_provider=)")
     return exporter
+
+
+def _say_serving(url: str | None, rank: str) -> None:
+    """Where the metrics are, once per start: logged at INFO when the application set up logging,
+    else one line on stderr, since a script that never configures logging would see nothing and not
+    know where to look. Nothing else of memexporter's reaches stderr unasked."""
+    line = f"memexporter: serving {url} (rank {rank})"
+    if log.hasHandlers():
+        log.info("%s", line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _auto_track(exporter: Exporter) -> None:
