@@ -9,12 +9,14 @@ from the config knobs, so they are always the keywords of ``start()``. It works 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import logging
 import os
 import runpy
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from memexporter import __version__
 from memexporter.config import FALSE, KNOBS, TRUE, auto_track_default
@@ -149,7 +151,18 @@ def _parser() -> argparse.ArgumentParser:
     from memexporter.sweep.command import add_parser as add_sweep
 
     add_sweep(sub)
+    parser.set_defaults(subparsers=sub.choices)  # main() reports a subcommand's own mistakes with its usage
     return parser
+
+
+def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> NoReturn:
+    """``memexporter run --prot 9500 x.py``: the subcommand's usage and the option meant, not the
+    top-level usage (argparse leaves a subcommand's unknown options to the top-level parser)."""
+    sub: argparse.ArgumentParser = getattr(args, "subparsers", {}).get(args.command, parser)
+    known = list(sub._option_string_actions)  # argparse has no public list of a parser's options
+    hints = [f"{bad} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(bad.split("=")[0], known, 1))
+             else bad for bad in rest]
+    sub.error(f"unrecognized arguments: {' '.join(hints)}")
 
 
 def os_error(exc: OSError) -> str:
@@ -194,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)  # the rest: the demo's options, for its own parser
     if rest and args.command != "demo":
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        _unrecognized(parser, args, rest)
     _configure_logging(args.log_level)
     try:
         if args.command == "inspect":

@@ -18,6 +18,7 @@ from memexporter.dashboards.grafana import render
 from memexporter.dashboards.panels import build
 
 FORMATS = ("json", "configmap")
+DEFAULT_FOLDER = "memexporter-dashboards"  # json without --output: a folder of one file per dashboard
 
 
 def rendered() -> dict[str, str]:
@@ -34,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="json: one file per dashboard into --output DIR; configmap: a YAML stream of "
                         "ConfigMaps (default: %(default)s)")
     parser.add_argument("--output", metavar="PATH", type=Path,
-                        help="json: the folder to write into (created); configmap: a file (default: stdout)")
+                        help=f"json: the folder to write into (created; default: ./{DEFAULT_FOLDER}); configmap: a file "
+                        "(default: stdout)")
     kube.add_metadata_arguments(parser)
     parser.add_argument("--sidecar-label", default=kube.SIDECAR_LABEL, metavar="KEY=VALUE",
                         help="the label the sidecar looks for: the chart's sidecar.dashboards.label and "
@@ -51,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.format == "json":
             if args.output is None:
-                raise ValueError("memexporter: --format json writes one file per dashboard: name a folder "
-                                 "with --output DIR (or print ConfigMaps with --format configmap)")
+                args.output = Path(DEFAULT_FOLDER)
             if args.namespace or args.label or args.annotation or args.sidecar_label != kube.SIDECAR_LABEL:
                 raise ValueError("memexporter: --namespace, --label, --annotation and --sidecar-label "
                                  "apply to --format configmap")
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             args.output.mkdir(parents=True, exist_ok=True)
             for name, text in sorted(files.items()):
                 (args.output / name).write_text(text, encoding="utf-8")
-            print(f"wrote {len(files)} dashboards to {args.output}: {', '.join(sorted(files))}", file=sys.stderr)
+            print(f"wrote {len(files)} dashboards to {args.output}: {', '.join(sorted(files))} (Grafana: Dashboards > "
+                  "New > Import, or provision the folder)", file=sys.stderr)
             return 0
         text = kube.dashboard_configmaps(files, args.namespace, kube.parse_pairs(args.label),
                                          kube.parse_pairs(args.annotation, "annotation"), args.sidecar_label)
@@ -71,4 +73,5 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(text)
     else:
         args.output.write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}: {len(files)} dashboards as ConfigMaps", file=sys.stderr)
     return 0

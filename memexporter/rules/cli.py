@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from memexporter import kube
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:  # one line, not a traceback
             print(f"memexporter rules: cannot write {args.output!r}: {exc.strerror or exc}", file=sys.stderr)
             return 1
+        # Said like `dashboards --output` says it: a write that succeeds is not silent.
+        alerts, records = (len(re.findall(rf"^\s*- {kind}:", text, re.M)) for kind in ("alert", "record"))
+        print(f"wrote {args.output}: {alerts} alerts and {records} recording rules (preset {args.preset})",
+              file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

@@ -47,3 +47,16 @@ def test_a_path_that_cannot_be_written_is_one_line(argv: list[str], said: str, t
     assert code == 1, err
     assert "Traceback" not in err and err.count("\n") == 1, err
     assert err.startswith(said.format(**names)), err
+
+
+@pytest.mark.parametrize(("argv", "usage", "said"), [
+    (["run", "--prot", "9500", "x.py"], "usage: memexporter run ", "memexporter run: error: unrecognized arguments: "
+                                                                   "--prot (did you mean --port?)"),
+    (["inspect", "--tpo", "3"], "usage: memexporter inspect ", "(did you mean --top?)"),
+    (["run", "--wibble", "x.py"], "usage: memexporter run ", "unrecognized arguments: --wibble\n"),
+])
+def test_a_typo_in_a_subcommands_option_gets_that_subcommands_usage_and_the_option_meant(
+        argv: list[str], usage: str, said: str) -> None:
+    # The top-level usage was printed, which lists the subcommands, not the option mistyped (issue 27).
+    code, err = run("-m", "memexporter", *argv)
+    assert code == 2 and err.startswith(usage) and said in err, err

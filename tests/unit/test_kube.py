@@ -146,8 +146,26 @@ def test_dashboards_json_files_from_the_installed_package(tmp_path: Path) -> Non
     assert written == {name: (committed / name).read_text(encoding="utf-8") for name in written}
 
 
+def test_dashboards_without_arguments_writes_a_folder_here_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # it failed with exit status 2 (issue 27)
+    assert cli.main(["dashboards"]) == 0
+    folder = tmp_path / export.DEFAULT_FOLDER
+    assert {p.name: p.read_text(encoding="utf-8") for p in folder.iterdir()} == export.rendered()
+    assert f"wrote 3 dashboards to {export.DEFAULT_FOLDER}:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["rules"], ["rules", "--format", "prometheusrule"],
+                                     ["dashboards", "--format", "configmap"]])
+def test_a_write_to_output_says_what_it_wrote(command: list[str], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "out.yaml"
+    assert cli.main([*command, "--output", str(target)]) == 0  # `rules --output` was silent
+    said = capsys.readouterr()
+    assert said.out == "" and f"wrote {target}" in said.err and target.stat().st_size > 0
+
+
 @pytest.mark.parametrize(("argv", "message"), [
-    ([], "name a folder with --output DIR"),
     (["--output", "x", "--namespace", "monitoring"], "apply to --format configmap"),
     (["--format", "configmap", "--sidecar-label", "grafana_dashboard"], "must be KEY=VALUE"),
     (["--format", "configmap", "--annotation", "=x"], "annotation key ''"),
