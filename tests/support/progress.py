@@ -1,10 +1,12 @@
 """Progress for the long tests, so a run of the whole suite is never silent for minutes.
 
-- Every test marked ``@pytest.mark.slow`` names itself as it starts: ``[slow] started NAME``.
-  Under pytest-xdist the worker running it writes the line straight to the terminal (workers
-  share the controller's stderr; pytest's capture is off between tests), so it appears when
-  the test starts, not when it ends.
-- Each slow test that ends gets a line with its outcome and duration (setup to teardown).
+- Every test marked ``@pytest.mark.slow`` names itself as it starts: ``[slow] started NAME``;
+  of a parametrized one, only the first case a process runs (its module fixture, paid once, is
+  usually the slow part). Under pytest-xdist the worker running it writes the line straight to
+  the terminal (workers share the controller's stderr; pytest's capture is off between tests), so
+  it appears when the test starts, not when it ends.
+- Each slow test that took ``QUIET_S`` or more, or failed, gets a line with its outcome and
+  duration (setup to teardown). ~100 "passed in 0.0s" lines once buried the ones that matter.
 - Under xdist, the controller also prints which tests are still running once a minute, whatever
   their marks: the line that says the suite is alive while only a long live test is left.
 
@@ -21,6 +23,7 @@ import pytest
 
 HEARTBEAT_S = 60.0  # how often the controller lists the tests still running
 LONG_S = 30.0  # a test running longer than this is listed
+QUIET_S = 3.0  # a slow-marked test that ends sooner gets no line
 
 
 def _clock(seconds: float) -> str:
@@ -37,6 +40,7 @@ class Progress:
         self.spent: dict[str, float] = {}  # node id -> seconds in its phases so far
         self.outcome: dict[str, str] = {}  # node id -> "failed"/"skipped" once a phase says so
         self.lock = threading.Lock()
+        self.announced: set[str] = set()  # slow test functions (ids without parameters) named so far
         self.stop = threading.Event()
         self.t0 = time.monotonic()
 
@@ -65,7 +69,9 @@ class Progress:
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         with self.lock:
             self.started[nodeid] = time.monotonic()
-        if nodeid in self.slow:
+        function = nodeid.split("[", 1)[0]
+        if nodeid in self.slow and function not in self.announced:
+            self.announced.add(function)
             self._say(f"started {nodeid}")
 
     @pytest.hookimpl
@@ -81,7 +87,8 @@ class Progress:
             self.started.pop(report.nodeid, None)
             spent, outcome = self.spent.pop(report.nodeid, 0.0), self.outcome.pop(report.nodeid, "passed")
         # The controller (or the only process) reports the slow tests that finished.
-        if self.worker is None and "slow" in report.keywords and (tr := self._terminal()) is not None:
+        if (self.worker is None and "slow" in report.keywords and (spent >= QUIET_S or outcome == "failed")
+                and (tr := self._terminal()) is not None):
             node = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
             self._line(tr, f"[slow] {outcome} {report.nodeid} in {_clock(spent)}" + (f" ({node})" if node else ""))
 
