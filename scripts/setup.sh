@@ -74,7 +74,9 @@ if [[ $installed -eq 1 ]]; then
 else
   say "installing memexporter$extras (editable)"
   rm -f "$STAMP"
-  "$VPY" -m pip install -q -e ".$extras"
+  # setuptools warns "Editable installation ... be careful with folders in your working directory"
+  # on every editable install, which reads like a failure to a first-time user; nothing is wrong.
+  PYTHONWARNINGS="ignore:Editable installation" "$VPY" -m pip install -q -e ".$extras"
   echo "$hash ${extras:-[]} $(pwd)" > "$STAMP"
 fi
 

@@ -177,11 +177,15 @@ def test_a_first_setup_says_nothing_on_stderr(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     fake = venv / "bin" / "python"
-    fake.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/../calls"\nexit 0\n', encoding="utf-8")
+    fake.write_text('#!/bin/sh\necho "$@ | PYTHONWARNINGS=$PYTHONWARNINGS" >> "$(dirname "$0")/../calls"\nexit 0\n',
+                    encoding="utf-8")
     fake.chmod(0o755)
     out = subprocess.run([str(REPO_ROOT / "scripts" / "setup.sh")], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "MEMEXPORTER_VENV": str(venv)}, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stderr == "", out.stderr
-    assert "-m pip install -q -e ." in (venv / "calls").read_text(encoding="utf-8")
+    editable = [c for c in (venv / "calls").read_text(encoding="utf-8").splitlines() if "-m pip install -q -e ." in c]
+    # setuptools' "Editable installation ... be careful" warning, silenced (issue 27): this filter
+    # is what hides it (checked by hand: PYTHONWARNINGS="ignore:Editable installation" pip install -e .).
+    assert len(editable) == 1 and editable[0].endswith("| PYTHONWARNINGS=ignore:Editable installation"), editable
     assert (venv / ".memexporter-setup").is_file()
