@@ -130,6 +130,20 @@ class Child:
         return self.out
 
     def _watch(self, started: float, err: Tail) -> None:
+        self._last: tuple[str, int] | None = None  # the newest scrape's text and step count
+        self._split_steps = -1  # the step count of the newest scrape whose module rows were read
+        try:
+            self._poll(started, err)
+        finally:
+            # A run that ends by itself between two reads of the module rows (a fast job, a short
+            # --steps) still gets them from its last scrape: the rows read at step 0 have no
+            # gradients or optimizer state yet, and were reported as 0 bytes.
+            if self._last is not None and self._last[1] > self._split_steps:
+                self.out.observed.add(parse(self._last[0]))
+                self._split_steps = self._last[1]
+            self.out.observed.split_steps = max(self._split_steps, 0)
+
+    def _poll(self, started: float, err: Tail) -> None:
         url, seen, split_at = f"http://127.0.0.1:{self.out.port}/metrics", -1, -SPLIT_SECONDS
         reached: float | None = None  # when K steps were first seen
         while not self._reap(0.0):
@@ -143,6 +157,10 @@ class Child:
                     split_at = t0
                 elif reading.steps >= self.steps:  # the last poll: the split must be in it
                     reading = parse(text)
+                    split_too = True
+                if split_too:
+                    self._split_steps = reading.steps
+                self._last = (text, reading.steps)
                 self.out.observed.add(reading)
                 self._clock.observe((t0 + time.monotonic()) / 2, reading.steps)
                 self._on_poll(reading.steps)

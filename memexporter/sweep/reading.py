@@ -88,6 +88,7 @@ class Observed:
     ooms: float = 0.0
     host_rss: float = 0.0
     split: dict[str, float] | None = None
+    split_steps: int = 0  # the step count when the split was last read (0: before any step)
 
     def add(self, r: Reading) -> None:
         self.scrapes += 1

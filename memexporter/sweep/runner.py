@@ -90,7 +90,9 @@ def judge(run: Run, out: Outcome, limit_mib: float | None) -> None:
     # included: a reservation is what fails), on the host the resident set.
     run.peak_bytes = (run.peak_reserved_bytes or obs.peaks.get(dev)) if dev != "cpu" else run.peak_rss_bytes
     run.baseline_bytes = obs.baselines.get(dev)
-    run.split = obs.split
+    # Rows read before any step show no gradients or optimizer state yet: unknown, not 0 bytes.
+    run.split = obs.split if obs.split is None or obs.split_steps > 0 else {
+        k: v for k, v in obs.split.items() if k not in ("gradients", "optimizer_state")}
     run.limit_bytes = limit_mib * MiB if limit_mib is not None else obs.limits.get(dev)
     ours = out.stopped_by is not None
     oom_line = next((ln.strip() for ln in reversed(out.stderr.splitlines()) if _OOM_TEXT.search(ln)), None)

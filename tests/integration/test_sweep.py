@@ -236,3 +236,35 @@ def test_a_run_that_fails_after_its_first_step_is_reported_and_the_sweep_goes_on
     assert run["status"] == "failed" and run["error"] == "exit code 3 after 1 step(s)" and run["fits"] is None
     assert run["steps"] == 1 and run["peak_bytes"] > 0 and run["oom"] is False
     assert proc.returncode == 1 and "1 run(s) failed for a reason other than memory" in proc.stderr
+
+
+ENDS_EARLY = textwrap.dedent(
+    """
+    import time, torch, memexporter
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.Adam(model.parameters())
+    memexporter.track(model, opt)
+    time.sleep(1.5)  # the sweep reads the module rows here, before any step
+    for _ in range(3):
+        model(torch.randn(2, 64)).sum().backward()
+        opt.step()
+    time.sleep(0.8)  # scraped at step 3 without the rows, then it ends by itself
+    """
+)
+
+
+def test_a_run_that_ends_by_itself_reports_its_module_rows_from_its_last_scrape(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The README's smallest sweep reported 0 bytes of gradients and optimizer state for runs that
+    # ended between two reads of the module rows: those read before the first step (issue 27).
+    from memexporter.sweep import child
+
+    monkeypatch.setattr(child, "SPLIT_SECONDS", 3600.0)  # the rows are read at the first poll only
+    path = tmp_path / "early.py"
+    path.write_text(ENDS_EARLY)
+    out = child.Child([sys.executable, str(path)], steps=100, timing=child.Timing(timeout=120), env=module_env()).run()
+    assert out.stopped_by is None and out.exit_code == 0, out.stderr[-2000:]
+    params = (64 * 64 + 64) * 4
+    assert out.observed.steps == 3 and out.observed.split_steps == 3
+    assert out.observed.split is not None and out.observed.split["gradients"] == params
+    assert out.observed.split["optimizer_state"] >= 2 * params  # Adam's exp_avg and exp_avg_sq

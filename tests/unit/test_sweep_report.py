@@ -98,6 +98,20 @@ def test_limit_mib_overrides_the_device_limit() -> None:
     assert run.limit_bytes == 256 * MiB and run.oom and run.oom_reason == "peak 300.0 MiB over the limit 256.0 MiB"
 
 
+@pytest.mark.parametrize(("split_steps", "shown"), [(0, {"parameters": MiB, "activations": 0.0}),
+                                                     (2, {"parameters": MiB, "gradients": MiB, "optimizer_state": 2 * MiB,
+                                                          "activations": 0.0})])
+def test_gradients_and_optimizer_state_read_before_any_step_are_unknown_not_zero(split_steps: int,
+                                                                                 shown: dict[str, float]) -> None:
+    out = outcome(exit_code=0)
+    zero = 0.0 if split_steps == 0 else 1.0  # before the first step there is neither
+    out.observed.split = {"parameters": MiB, "gradients": zero * MiB, "optimizer_state": zero * 2 * MiB, "activations": 0.0}
+    out.observed.split_steps = split_steps
+    run = Run({"batch": "1"})
+    judge(run, out, limit_mib=None)
+    assert run.split == shown  # a family left out is "-" in the table (report.size(None))
+
+
 def finished_sweep() -> Sweep:
     s = Sweep(parse_grid(["batch=1,2,4,8"]), ["train.py", "--batch", "{batch}"], 10, 520)
     for b, peak in (("1", 300), ("2", 350), ("4", 450)):
