@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from memexporter.config import DEFAULT_PORT, Config
 from memexporter.server import Route, Server, serve
 from memexporter.serving.conn import ConnectionStats
+from memexporter.tracking.history import History
 
 log = logging.getLogger("memexporter")
 
@@ -44,11 +45,12 @@ class PortAdvice:
 
 
 def bind(registry: CollectorRegistry, config: Config, port: int, stats: ConnectionStats, advice: PortAdvice,
-          routes: dict[str, Route] | None = None) -> Server | None:
+          routes: dict[str, Route] | None = None, history: History | None = None) -> Server | None:
     """Serve, or log why not and go on (``strict``: raise). A bad address or bad TLS files
     raise ``ValueError`` either way: they are bad arguments, not a busy machine."""
     try:
-        return serve(registry, port, config.addr, config.certfile, config.keyfile, routes=routes, stats=stats)
+        return serve(registry, port, config.addr, config.certfile, config.keyfile, routes=routes, stats=stats,
+                     history=history)
     except OSError as exc:
         where = f"{config.addr}:{port}"
         rank_port = f" (base port {advice.base} + LOCAL_RANK)" if port != advice.base else ""

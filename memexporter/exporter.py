@@ -160,6 +160,7 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     from memexporter.backends.host import HostBackend
     from memexporter.backends.torch import TorchBackend
     from memexporter.diagnose.wiring import attach as attach_diagnostics
+    from memexporter.tracking.history import History
 
     ident = fleet.identity(run_id=config.run_id, detail_ranks=config.detail_ranks)
     port = _port_for_rank(config, ident)
@@ -167,6 +168,8 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     # The diagnosis hooks (snapshots, the OOM observer) are CUDA's; elsewhere they stay idle.
     cuda = allocator if isinstance(allocator, TorchBackend) else TorchBackend()
     tracker = steps.StepTracker(allocator, host, window=config.leak_window, warmup_steps=config.warmup_steps)
+    history = History(tracker)  # the live page's last half hour (serving/live.py)
+    tracker.add_boundary_callback(history.on_boundary)
     http_stats = ConnectionStats()
     phase_tracker = phases.PhaseTracker(tracker)
     sources = Sources(ident, config, allocator, driver, host, tracker, __version__, http_stats, phase_tracker)
@@ -175,7 +178,7 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     diagnostics = attach_diagnostics(config, sources, cuda)
     routes = diagnostics.routes if diagnostics is not None else None
     try:
-        server = bind(registry, config, port, http_stats, advice, routes) if config.http else None
+        server = bind(registry, config, port, http_stats, advice, routes, history) if config.http else None
     except Exception:  # a bad addr or TLS file (ValueError), or strict: nothing may stay attached
         if diagnostics is not None:
             diagnostics.close()

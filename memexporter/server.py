@@ -28,7 +28,9 @@ from memexporter.serving.conn import ConnectionStats
 from memexporter.serving.exposition import Exposition
 from memexporter.serving.handler import WSGIApp, answerer
 from memexporter.serving.listener import BACKLOG, DEADLINE, Listener
+from memexporter.serving.live import encoder as live_encoder
 from memexporter.serving.router import Route, router
+from memexporter.tracking.history import History
 
 __all__ = ["Route", "Server", "WSGIApp", "router", "serve", "tls_context", "url"]
 
@@ -125,7 +127,8 @@ def _listening_socket(addr: str, port: int) -> socket.socket:
 
 def serve(registry: Collector, port: int, addr: str, certfile: str | None = None,
           keyfile: str | None = None, title: str = "memexporter", routes: Mapping[str, Route] | None = None,
-          stats: ConnectionStats | None = None, deadline: float = DEADLINE, budget: Budget | None = None) -> Server:
+          stats: ConnectionStats | None = None, deadline: float = DEADLINE, budget: Budget | None = None,
+          history: History | None = None) -> Server:
     """Bind and serve in a daemon thread, without blocking on DNS or on any client.
 
     Raises ``ValueError`` for a bad address or bad TLS files, ``OSError`` when binding fails
@@ -134,7 +137,8 @@ def serve(registry: Collector, port: int, addr: str, certfile: str | None = None
     context = tls_context(certfile, keyfile) if certfile and keyfile else None
     budget = budget or Budget()
     exposition = Exposition(registry, budget)
-    app = router(exposition, title, routes, budget)
+    live = Exposition(registry, budget, encode=live_encoder(history))  # the live page's data, cached alike
+    app = router(exposition, title, routes, budget, live)
     sock = _listening_socket(addr, port)
     bound = int(sock.getsockname()[1])
     listener = Listener(sock, answerer(app, bound), stats or ConnectionStats(), context, deadline=deadline,

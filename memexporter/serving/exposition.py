@@ -62,10 +62,16 @@ class _Only:
 
 
 class Exposition:
-    """The ``/metrics`` WSGI app over ``registry``; ``budget`` says whether the server is busy."""
+    """The ``/metrics`` WSGI app over ``registry``; ``budget`` says whether the server is busy.
 
-    def __init__(self, registry: Collector, budget: Budget, clock: Callable[[], float] = time.monotonic) -> None:
+    ``encode`` (with its ``content_type``) renders the registry another way, through the same
+    cache and budget: the live page's ``/live.json`` (``serving/live.py``).
+    """
+
+    def __init__(self, registry: Collector, budget: Budget, clock: Callable[[], float] = time.monotonic,
+                 encode: Callable[[Collector], bytes] | None = None, content_type: str = "application/json") -> None:
         self._registry, self._budget, self._clock = registry, budget, clock
+        self._encode, self._content_type = encode, content_type
         self._lock = threading.Lock()  # one render at a time: the GIL would serialise them anyway
         self._renders: OrderedDict[Key, Render] = OrderedDict()
         self.renders = 0  # renders made (for tests and benchmarks)
@@ -73,6 +79,8 @@ class Exposition:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         arrived = self._clock()
         encoder, content_type = choose_encoder(str(environ.get("HTTP_ACCEPT") or ""))
+        if self._encode is not None:
+            encoder, content_type = self._encode, self._content_type
         gzipped = gzip_accepted(str(environ.get("HTTP_ACCEPT_ENCODING") or ""))
         names = parse_qs(str(environ.get("QUERY_STRING") or "")).get("name[]")
         key: Key = (content_type, gzipped, frozenset(names) if names is not None else None)

@@ -1,4 +1,5 @@
-"""The exporter's routes as one WSGI app: ``/metrics``, ``/``, ``/healthz`` and extra ``Route``s.
+"""The exporter's routes as one WSGI app: ``/metrics``, ``/`` (the live page), ``/live.json``,
+``/healthz`` and extra ``Route``s.
 
 - ``/healthz`` and ``/`` are bytes made once; anything else is a 404, methods other than GET
   and HEAD a 405.
@@ -12,13 +13,13 @@
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from memexporter.serving.budget import Budget, RateLimit, retry_after
 from memexporter.serving.handler import WSGIApp
+from memexporter.serving.live import LIVE_PATH, page
 
 ADMIT = "memexporter.admit"
 """WSGI environ key: ``take()`` of the extra routes' rate limit, seconds to wait (0: go ahead)."""
@@ -42,17 +43,11 @@ class Route:
 
 
 def landing(title: str, routes: Mapping[str, Route]) -> bytes:
-    t = html.escape(title)
-    links = [("metrics", "Prometheus metrics"), ("healthz", "liveness")]
+    """The live page (``serving/live.py``) with a link to every endpoint."""
+    links = [("metrics", "Prometheus metrics"), (LIVE_PATH.lstrip("/"), "this page's data (JSON)"),
+             ("healthz", "liveness")]
     links += [(path.lstrip("/"), route.description) for path, route in routes.items()]
-    items = "".join(f'<li><a href="{html.escape(href)}">/{html.escape(href)}</a>: {html.escape(text)}</li>'
-                    for href, text in links)
-    return (
-        f"<!doctype html><html><head><title>{t}</title></head><body><h1>{t}</h1>"
-        f"<p>In-process memory exporter for PyTorch training.</p><ul>{items}</ul>"
-        '<p>Docs: <a href="https://github.com/memexporter/memexporter">memexporter</a></p>'
-        "</body></html>\n"
-    ).encode()
+    return page(title, links)
 
 
 def _static(status: str, content_type: str, body: bytes, extra: tuple[tuple[str, str], ...] = ()) -> WSGIApp:
@@ -96,10 +91,10 @@ def head(app: WSGIApp) -> WSGIApp:
 
 
 def router(metrics_app: WSGIApp, title: str, routes: Mapping[str, Route] | None = None,
-           budget: Budget | None = None) -> WSGIApp:
-    """Route ``/``, ``/healthz``, ``/metrics`` and ``routes`` (exact paths). An extra route's
-    app sees the WSGI environ as is (``REMOTE_ADDR`` is the peer's address); HEAD reaches it
-    as a GET."""
+           budget: Budget | None = None, live_app: WSGIApp | None = None) -> WSGIApp:
+    """Route ``/``, ``/healthz``, ``/metrics``, ``/live.json`` (``live_app``, cached like
+    ``/metrics``) and ``routes`` (exact paths). An extra route's app sees the WSGI environ as is
+    (``REMOTE_ADDR`` is the peer's address); HEAD reaches it as a GET."""
     routes = dict(routes or {})
     budget = budget or Budget()
     extra = RateLimit(EXTRA_RATE, EXTRA_BURST)
@@ -111,6 +106,8 @@ def router(metrics_app: WSGIApp, title: str, routes: Mapping[str, Route] | None 
     def pick(path: str) -> WSGIApp:
         if path == "/metrics":
             return metrics_app
+        if path == LIVE_PATH and live_app is not None:  # its cache serves a busy server, as /metrics'
+            return live_app
         if path == "/healthz":
             return healthz
         if (wait := budget.wait()) > 0:

@@ -64,6 +64,7 @@ class _Device:
     last_used: int  # used at the last boundary
     step_max: int  # highest sample since the last boundary
     excursion: int = 0  # peak minus the step's starting used, at the last exact measurement
+    last_peak: int = 0  # the peak of the last step that ended
 
 
 def _step_peak(dev: _Device, used: int, high_water: int) -> int:
@@ -169,7 +170,7 @@ class StepTracker:
                         dev = self._devices[name] = _Device(TrendWindow(self._window, self._warmup), high_water, used, used)
                     peak = _step_peak(dev, used, high_water)
                     dev.window.add(self.steps, now, float(used), float(peak))
-                    dev.high_water, dev.last_used, dev.step_max = high_water, used, used
+                    dev.high_water, dev.last_used, dev.step_max, dev.last_peak = high_water, used, used, peak
                 steps = self.steps
             for observer in self._observers:
                 observer(readings)
@@ -206,6 +207,11 @@ class StepTracker:
 
     def remove_boundary_callback(self, callback: Callable[[int], None]) -> None:
         self._boundary_callbacks = tuple(c for c in self._boundary_callbacks if c != callback)
+
+    def latest(self) -> dict[str, tuple[int, int]]:
+        """``{device: (baseline, peak)}`` of the last step that ended, in bytes (O(1) a device)."""
+        with self._lock:
+            return {name: (d.last_used, d.last_peak) for name, d in self._devices.items()}
 
     def snapshot(self) -> StepSnapshot:
         with self._lock:

@@ -103,3 +103,17 @@ def test_name_filter_keeps_only_the_samples_named(accept: str) -> None:
         assert b"# UNIT job_memory_bytes bytes" in body and body.endswith(b"# EOF\n")
     empty = call(app, "name[]=nothing_by_this_name", HTTP_ACCEPT=accept)[2]
     assert empty == (b"# EOF\n" if accept else b"")
+
+
+def test_the_live_pages_json_takes_the_same_cache_under_a_flood() -> None:
+    clock, counting = Clock(), Counting()
+    registry = CollectorRegistry()
+    registry.register(counting)
+    budget = Budget(share=0.02, burst=0.1, clock=clock)
+    budget.charge(0.2)  # a flood spent it
+    app = Exposition(registry, budget, clock, encode=lambda reg: b"%d" % sum(1 for _ in reg.collect()))
+    for _ in range(20):
+        status, headers, body = call(app, HTTP_ACCEPT=OPENMETRICS)  # the Accept header does not matter
+        clock.now += REUSE_FOR / 100
+    assert (status, headers["Content-Type"], body) == ("200 OK", "application/json", b"2")
+    assert counting.collections == 1 and app.renders == 1

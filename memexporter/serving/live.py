@@ -1,0 +1,110 @@
+"""The live page at ``/`` and its data, ``/live.json``: the job's memory in a browser, no Prometheus needed.
+
+``/live.json`` is rendered from the same registry as ``/metrics``, at the same moment and through
+the same cached, budgeted path (``Exposition`` with this module's encoder), so every figure on the
+page is a ``/metrics`` sample: per device used, limit, step peak, baseline, leak rate and OOM ETA
+(with the ETA in words), the module rows (largest first) and each collector's health. The history
+of the last half hour comes from the in-process ``History`` (step baselines and peaks), not from
+Prometheus. The page itself (``live.html``: no CDN, no build step, plain SVG) fetches it with a
+relative URL every few seconds, so it works behind TLS, basic auth and a path prefix.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from typing import Any
+
+from prometheus_client.registry import Collector
+
+from memexporter.diagnose.words import fmt_bytes
+from memexporter.tracking.history import History
+
+LIVE_PATH = "/live.json"
+TOP_MODULES = 15
+_DEVICE = ("memory_used_bytes", "memory_limit_bytes", "memory_peak_bytes", "memory_baseline_bytes",
+           "leak_rate_bytes_per_second", "leak_bytes_per_step", "oom_eta_seconds")
+_MODULE = {"parameters": "module_parameter_bytes", "gradients": "module_gradient_bytes",
+           "optimizer_state": "module_optimizer_state_bytes", "activations": "module_activation_bytes"}
+
+
+def fmt_duration(seconds: float) -> str:
+    """``2 h 10 m``, ``14 m``, ``40 s``: an ETA as a person says it."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} m"
+    return f"{minutes} m" if minutes else f"{secs} s"
+
+
+def in_words(device: Mapping[str, float | None]) -> str:
+    """What the leak rate and the ETA mean, in a sentence."""
+    rate, eta = device.get("leak_rate_bytes_per_second"), device.get("oom_eta_seconds")
+    if rate is None or eta is None:
+        return "not enough steps yet to tell whether memory grows"
+    if rate <= 0 or not math.isfinite(eta):
+        return "memory held between steps is not growing"
+    per_step = device.get("leak_bytes_per_step")
+    pace = f"{fmt_bytes(rate)}/s" + (f" ({fmt_bytes(per_step)} per step)" if per_step else "")
+    return f"memory held between steps grows {pace}; at this rate the peak reaches the limit in {fmt_duration(eta)}"
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None  # JSON has no Inf or NaN: null, and in_words says what it meant
+
+
+def document(samples: Iterable[tuple[str, dict[str, str], float]], history: History | None) -> dict[str, Any]:
+    """The page's data from one collection of the registry: ``(name, labels, value)`` samples."""
+    devices: dict[str, dict[str, float | None]] = defaultdict(dict)
+    modules: dict[str, dict[str, float]] = defaultdict(dict)
+    health: dict[str, bool] = {}
+    doc: dict[str, Any] = {"rank": None, "steps": None, "step_interval_seconds": None}
+    by_module = {f"memexporter_{v}": k for k, v in _MODULE.items()}
+    for name, labels, value in samples:
+        short = name.removeprefix("memexporter_")
+        doc["rank"] = doc["rank"] or labels.get("rank")
+        if short in _DEVICE and "device" in labels:
+            devices[labels["device"]][short] = value
+        elif name in by_module and "module" in labels:
+            modules[labels["module"]][by_module[name]] = value
+        elif short == "collector_success":
+            health[labels.get("collector", "?")] = value == 1
+        elif short == "steps_total":
+            doc["steps"] = int(value)
+        elif short == "step_interval_seconds":
+            doc["step_interval_seconds"] = value
+    points = history.points() if history is not None else []
+    doc["devices"] = [{"device": dev, **{k: _finite(v) for k, v in figures.items() if v is not None},
+                       "in_words": in_words(figures),
+                       "history": [[p.time, *p.devices[dev]] for p in points if dev in p.devices]}
+                      for dev, figures in sorted(devices.items(), key=lambda kv: (kv[0] == "cpu", kv[0]))]
+    rows = sorted(modules.items(), key=lambda kv: -sum(kv[1].values()))
+    doc["modules"] = [{"module": m, **figures} for m, figures in rows[:TOP_MODULES]]
+    doc["modules_left_out"] = max(0, len(rows) - TOP_MODULES)
+    doc["health"] = health
+    return doc
+
+
+def encoder(history: History | None) -> Any:
+    """An ``Exposition`` encoder: the registry as this page's JSON document."""
+
+    def encode(registry: Collector) -> bytes:
+        samples = ((s.name, s.labels, s.value) for family in registry.collect() for s in family.samples)
+        return json.dumps(document(samples, history), separators=(",", ":"), allow_nan=False).encode()
+
+    return encode
+
+
+def page(title: str, links: Iterable[tuple[str, str]]) -> bytes:
+    """``live.html`` with the title and the endpoint links filled in."""
+    items = "".join(f'<li><a href="{html.escape(href)}">/{html.escape(href)}</a>: {html.escape(text)}</li>'
+                    for href, text in links)
+    text = resources.files("memexporter.serving").joinpath("live.html").read_text(encoding="utf-8")
+    return text.replace("{{title}}", html.escape(title)).replace("{{links}}", items).encode()
