@@ -5,7 +5,8 @@
 #   scripts/setup.sh            venv + package (+ a CPU build of torch when torch is missing)
 #   scripts/setup.sh --test     also the dev tools and Debian's prometheus, prometheus-alertmanager,
 #                               victoria-metrics (VictoriaMetrics single-node and vmalert: the
-#                               long-term-store test) and docker-compose (the compose file's schema check)
+#                               long-term-store test), docker-compose (the compose file's schema check)
+#                               and chromium with chromium-driver (the live page in a browser)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -87,6 +88,9 @@ if [[ $want_test -eq 1 ]]; then
   command -v victoria-metrics >/dev/null && command -v vmalert >/dev/null || missing+=(victoria-metrics)
   # Compose v1 validates deploy/compose/compose.yaml against the compose schema, with no engine.
   command -v docker-compose >/dev/null || missing+=(docker-compose)
+  # The live page's browser test: headless chromium, driven by Selenium through Debian's chromedriver.
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v chromedriver >/dev/null || missing+=(chromium-driver)
   if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
   # Debian's victoria-metrics binaries print an empty -version; dpkg knows the package's.
   vm_version="$(dpkg-query -W -f='${Version}' victoria-metrics 2>/dev/null || echo unknown)"

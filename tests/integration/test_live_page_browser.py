@@ -1,0 +1,134 @@
+"""The live page in a real browser: Debian's ``chromium``, headless, driven by Selenium through Debian's
+``chromedriver`` (both installed by ``scripts/setup.sh --test``; Selenium never downloads a driver
+here). The page loads without a console error, draws its chart, shows the figures ``/live.json``
+(and so ``/metrics``) has, updates while the demo trains, and works over TLS."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import memexporter
+from tests.support.demo import running_demo
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.1")
+
+
+def shown(n: float) -> str:
+    """The page's own formatting of a byte count (live.html ``bytes()``)."""
+    i = 0
+    while abs(n) >= 1024 and i < len(UNITS) - 1:
+        n, i = n / 1024, i + 1
+    return f"{n:.1f} {UNITS[i]}"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("chromium and chromedriver are not installed (scripts/setup.sh --test installs Debian's)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the [dev] extra has it)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--ignore-certificate-errors",
+                "--window-size=1100,1400"):
+        options.add_argument(arg)
+    options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(predicate: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.2)
+    raise AssertionError("the page did not get there in time")
+
+
+def console_errors(driver: Any) -> list[dict[str, Any]]:
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def card(driver: Any, device: str) -> Any:
+    return wait_for(lambda: next(iter(driver.find_elements("css selector", f'.card[data-device="{device}"]')), None))
+
+
+def test_the_page_shows_what_live_json_says_and_draws_its_chart(browser: Any, tmp_path: Path) -> None:
+    exp = memexporter.start(port=0, addr="127.0.0.1", warmup_steps=2)
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.AdamW(model.parameters())
+    memexporter.track(model, opt)
+    for _ in range(8):
+        model(torch.randn(8, 256)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    base = exp.url.removesuffix("/metrics")  # type: ignore[union-attr]
+    try:
+        browser.get(base + "/")
+        cpu = card(browser, "cpu")
+        with urllib.request.urlopen(base + "/live.json", timeout=10) as r:  # the job is paused: same figures
+            doc = json.loads(r.read())
+        figures = next(d for d in doc["devices"] if d["device"] == "cpu")
+        for key in ("memory_peak_bytes", "memory_baseline_bytes"):
+            assert cpu.find_element("css selector", f'[data-figure="{key}"] b').text == shown(figures[key]), key
+        assert figures["in_words"] in cpu.text
+        assert int(cpu.find_element("css selector", "svg").get_attribute("data-points")) == len(figures["history"]) >= 1
+        assert "8 steps" in browser.find_element("id", "status").text
+        rows = browser.find_elements("css selector", "#modules tr")
+        assert len(rows) == 2 and rows[1].text.split()[:2] == ["(root)", shown((256 * 256 + 256) * 4).split()[0]]
+        assert console_errors(browser) == []
+        browser.save_screenshot(str(tmp_path / "live-page.png"))
+    finally:
+        exp.stop()
+
+
+def test_the_page_updates_while_the_demo_trains(browser: Any) -> None:
+    port = free_port()
+    with running_demo(port, *TINY):
+        browser.get(f"http://127.0.0.1:{port}/")
+        card(browser, "cpu")
+        status = browser.find_element("id", "status")
+
+        def steps() -> int:
+            return int(status.text.split(" steps")[0].rsplit(" ", 1)[-1]) if " steps" in status.text else -1
+
+        first = wait_for(lambda: steps() if steps() > 0 else None)
+        wait_for(lambda: steps() > first, timeout=15)  # the next refresh (every 5 s) shows more steps
+        points = browser.find_element("css selector", '.card[data-device="cpu"] svg').get_attribute("data-points")
+        assert int(points) >= 2 and console_errors(browser) == []
+
+
+def test_the_page_works_over_tls(browser: Any, tls_files: tuple[Path, Path]) -> None:
+    cert, key = tls_files
+    exp = memexporter.start(port=0, addr="127.0.0.1", certfile=str(cert), keyfile=str(key))
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+    try:
+        assert exp.url is not None and exp.url.startswith("https://")
+        browser.get(exp.url.removesuffix("/metrics") + "/")
+        card(browser, "cpu")
+        assert "3 steps" in browser.find_element("id", "status").text and console_errors(browser) == []
+    finally:
+        exp.stop()
