@@ -149,8 +149,10 @@ def _parser() -> argparse.ArgumentParser:
     dashboards.add_argument("rest", nargs=argparse.REMAINDER)
 
     from memexporter.sweep.command import add_parser as add_sweep
+    from memexporter.top import add_parser as add_top
 
     add_sweep(sub)
+    add_top(sub)
     parser.set_defaults(subparsers=sub.choices)  # main() reports a subcommand's own mistakes with its usage
     return parser
 
@@ -219,6 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 130
         if args.command == "demo":
             return _demo(rest)
+        if args.command == "top":
+            from memexporter.top import run as run_top
+
+            return run_top(args)
         return _run(args)
     except (TypeError, ValueError) as exc:
         if str(exc).startswith("memexporter"):

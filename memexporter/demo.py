@@ -104,8 +104,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_track:
         exp.tracked.append(memexporter.track(model, opt))
     mem_device = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
+    where = (f"open {exp.url.removesuffix('/metrics')}/ in a browser (metrics at {exp.url})" if exp.url else
+             "metrics " + ("(push only: http=False)" if not exp.config.http else "(not serving: see the error above)"))
     print(f"memexporter demo: training a {sum(p.numel() for p in model.parameters()):,}-parameter GPT on {mem_device}; "
-          f"metrics at {exp.url or ('(push only: http=False)' if not exp.config.http else '(not serving: see the error above)')}", flush=True)
+          f"{where}", flush=True)
     kept: list[torch.Tensor] = []
     if extra := _extra_bytes(args.rank_extra_mib, rank):
         kept.append(torch.ones(extra // 4, dtype=torch.float32, device=device))

@@ -1,11 +1,13 @@
 """The live page in a real browser: Debian's ``chromium``, headless, driven by Selenium through Debian's
 ``chromedriver`` (both installed by ``scripts/setup.sh --test``; Selenium never downloads a driver
 here). The page loads without a console error, draws its chart, shows the figures ``/live.json``
-(and so ``/metrics``) has, updates while the demo trains, and works over TLS."""
+(and so ``/metrics``) has, is where the demo says to look, updates while the demo trains, and works
+over TLS."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import urllib.request
@@ -101,10 +103,11 @@ def test_the_page_shows_what_live_json_says_and_draws_its_chart(browser: Any, tm
         exp.stop()
 
 
-def test_the_page_updates_while_the_demo_trains(browser: Any) -> None:
-    port = free_port()
-    with running_demo(port, *TINY):
-        browser.get(f"http://127.0.0.1:{port}/")
+def test_the_demo_prints_the_pages_url_and_the_page_updates_while_it_trains(browser: Any, tmp_path: Path) -> None:
+    port, log = free_port(), tmp_path / "demo.log"
+    with running_demo(port, *TINY, log=log):
+        printed = wait_for(lambda: re.search(r"open (http://\S+/) in a browser", log.read_text()))
+        browser.get(printed.group(1))  # as a user does: the URL the demo printed
         card(browser, "cpu")
         status = browser.find_element("id", "status")
 
