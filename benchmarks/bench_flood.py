@@ -143,7 +143,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     import memexporter
-    from benchmarks.bench_overhead import GPT
+    from benchmarks.bench_overhead import GPT, steps_per_block
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -166,12 +166,7 @@ def main() -> None:
         proc.stdin.write(cmd + "\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
 
-    for _ in range(10):
-        step()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        step()
-    per_block = max(5, round(args.block / ((time.perf_counter() - t0) / 10)))
+    per_block = steps_per_block(step, args.block)
 
     def block() -> tuple[float, float]:
         step()  # the switch settles

@@ -90,6 +90,16 @@ class GPT(nn.Module):
 
 
 @dataclass
+def steps_per_block(step: Callable[[], None], seconds: float) -> int:
+    """How many calls of ``step`` take about ``seconds`` (after 10 warm-up calls; at least 5)."""
+    for _ in range(10):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        step()
+    return max(5, round(seconds / ((time.perf_counter() - t0) / 10)))
+
+
 class Job:
     model: nn.Module
     opt: torch.optim.Optimizer

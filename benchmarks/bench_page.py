@@ -65,7 +65,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     import memexporter
-    from benchmarks.bench_overhead import GPT
+    from benchmarks.bench_overhead import GPT, steps_per_block
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -80,12 +80,7 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
 
     exp = memexporter.start(port=0, addr="127.0.0.1")
-    for _ in range(10):
-        step()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        step()
-    per_block = max(5, round(args.block / ((time.perf_counter() - t0) / 10)))
+    per_block = steps_per_block(step, args.block)
     print(f"{os.cpu_count()} CPUs, GPT layers=2 d=128, 1 torch thread, {args.rounds} rounds x {per_block} steps a block")
     print("| /live.json every | step, no page | step, page open | ratio | paired ratio | answer |")
     print("|---|---|---|---|---|---|")
