@@ -89,7 +89,6 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-@dataclass
 def steps_per_block(step: Callable[[], None], seconds: float) -> int:
     """How many calls of ``step`` take about ``seconds`` (after 10 warm-up calls; at least 5)."""
     for _ in range(10):
@@ -100,6 +99,7 @@ def steps_per_block(step: Callable[[], None], seconds: float) -> int:
     return max(5, round(seconds / ((time.perf_counter() - t0) / 10)))
 
 
+@dataclass
 class Job:
     model: nn.Module
     opt: torch.optim.Optimizer
