@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import ssl
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import memexporter
 from memexporter.serving.live import in_words
+from memexporter.tracking.modules import active_handles
 
 pytestmark = pytest.mark.integration
 
@@ -24,6 +26,13 @@ pytestmark = pytest.mark.integration
 def get(url: str, context: ssl.SSLContext | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
     with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10, context=context) as r:
         return r.status, dict(r.headers), r.read()
+
+
+@pytest.fixture(autouse=True)
+def _untrack() -> Iterator[None]:
+    yield
+    for handle in active_handles():  # the next test in this process sees no model of this one
+        handle.remove()
 
 
 def train(steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
