@@ -55,7 +55,9 @@ class Terminal:
 
     @property
     def text(self) -> str:
-        return ANSI.sub("", self.raw.decode(errors="replace"))
+        """The output without escapes, box lines and line breaks: a cell wrapped in a narrow
+        terminal reads as one line."""
+        return re.sub(r"[\s│┃]+", " ", ANSI.sub("", self.raw.decode(errors="replace")))
 
     def wait_for(self, pattern: str, since: int = 0, timeout: float = 60.0) -> re.Match[str]:
         deadline = time.monotonic() + timeout
@@ -85,7 +87,7 @@ def test_top_shows_both_ranks_worst_first_marks_a_killed_one_and_quits_on_q(
         ranks: tuple[list[int], list[subprocess.Popen[bytes]]]) -> None:
     ports, procs = ranks
     term = Terminal([sys.executable, "-m", "memexporter", "top", "--interval", "1", *(f"127.0.0.1:{p}" for p in ports)],
-                    {**module_env(), "TERM": "xterm-256color"})
+                    {**module_env(), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "60"})
     try:
         frame = term.wait_for(r"rank 1 .*? cpu .*? rank 0 .*? cpu ")  # rank 1 holds more of its limit: first
         assert "Traceback" not in term.text
