@@ -168,8 +168,9 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     # The diagnosis hooks (snapshots, the OOM observer) are CUDA's; elsewhere they stay idle.
     cuda = allocator if isinstance(allocator, TorchBackend) else TorchBackend()
     tracker = steps.StepTracker(allocator, host, window=config.leak_window, warmup_steps=config.warmup_steps)
-    history = History(tracker)  # the live page's last half hour (serving/live.py)
-    tracker.add_boundary_callback(history.on_boundary)
+    history = History(tracker) if config.http else None  # the live page's last half hour: no page, no record
+    if history is not None:
+        tracker.add_boundary_callback(history.on_boundary)
     http_stats = ConnectionStats()
     phase_tracker = phases.PhaseTracker(tracker)
     sources = Sources(ident, config, allocator, driver, host, tracker, __version__, http_stats, phase_tracker)

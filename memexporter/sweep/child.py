@@ -109,6 +109,8 @@ class Child:
         self._env = child_env(self.out.port, env)
         self._clock = StepClock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._last: tuple[str, int] | None = None  # the newest scrape's text and step count
+        self._split_steps = -1  # the step count of the newest scrape whose module rows were read
 
     def run(self) -> Outcome:
         started = time.monotonic()
@@ -130,8 +132,6 @@ class Child:
         return self.out
 
     def _watch(self, started: float, err: Tail) -> None:
-        self._last: tuple[str, int] | None = None  # the newest scrape's text and step count
-        self._split_steps = -1  # the step count of the newest scrape whose module rows were read
         try:
             self._poll(started, err)
         finally:
