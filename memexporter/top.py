@@ -12,6 +12,7 @@ when that is unset). Needs ``rich`` (``pip install memexporter[top]``).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -158,6 +159,17 @@ def run(args: argparse.Namespace) -> int:
     def refresh() -> None:
         list(pool.map(lambda r: fetch(r, args.timeout), board.ranks))
 
+    if args.svg:  # one snapshot as an SVG picture of the terminal, for an incident ticket (and the docs)
+        refresh()
+        recorder = Console(record=True, width=args.width, file=io.StringIO())
+        recorder.print(render(board))
+        try:
+            recorder.save_svg(args.svg, title="memexporter top")
+        except OSError as e:
+            print(f"memexporter top: cannot write {args.svg}: {e.strerror}", file=sys.stderr)
+            return 1
+        print(f"memexporter top: wrote {args.svg}")
+        return 0
     console = Console()
     if args.once or not sys.stdin.isatty():
         refresh()
@@ -184,3 +196,5 @@ def add_parser(sub: Any) -> None:
     top.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default: 2)")
     top.add_argument("--timeout", type=float, default=1.5, help="seconds a rank may take to answer (default: 1.5)")
     top.add_argument("--once", action="store_true", help="print one snapshot and exit (also when stdin is no terminal)")
+    top.add_argument("--svg", metavar="FILE", help="write one snapshot to FILE as an SVG picture of the terminal, and exit")
+    top.add_argument("--width", type=int, default=120, help="columns of the --svg picture (default: 120)")

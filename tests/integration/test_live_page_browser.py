@@ -1,15 +1,12 @@
-"""The live page in a real browser: Debian's ``chromium``, headless, driven by Selenium through Debian's
-``chromedriver`` (both installed by ``scripts/setup.sh --test``; Selenium never downloads a driver
-here). The page loads without a console error, draws its chart, shows the figures ``/live.json``
-(and so ``/metrics``) has, is where the demo says to look, updates while the demo trains, and works
-over TLS."""
+"""The live page in a real browser: Debian's ``chromium``, headless, driven by Selenium
+(``tests/support/browser.py``). The page loads without a console error, draws its chart, shows the
+figures ``/live.json`` (and so ``/metrics``) has, is where the demo says to look, updates while the
+demo trains, and works over TLS."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +16,12 @@ import pytest
 import torch
 
 import memexporter
+from tests.support.browser import card, console_errors, headless_chromium, wait_for
 from tests.support.demo import running_demo
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.1")
 
@@ -39,39 +36,8 @@ def shown(n: float) -> str:
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("chromium and chromedriver are not installed (scripts/setup.sh --test installs Debian's)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the [dev] extra has it)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--ignore-certificate-errors",
-                "--window-size=1100,1400"):
-        options.add_argument(arg)
-    options.binary_location = CHROMIUM
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
+    with headless_chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def wait_for(predicate: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.2)
-    raise AssertionError("the page did not get there in time")
-
-
-def console_errors(driver: Any) -> list[dict[str, Any]]:
-    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-
-
-def card(driver: Any, device: str) -> Any:
-    return wait_for(lambda: next(iter(driver.find_elements("css selector", f'.card[data-device="{device}"]')), None))
 
 
 def test_the_page_shows_what_live_json_says_and_draws_its_chart(browser: Any, tmp_path: Path) -> None:

@@ -1,0 +1,55 @@
+"""Debian's ``chromium``, headless, driven by Selenium through Debian's ``chromedriver`` (both
+installed by ``scripts/setup.sh --test``; Selenium never downloads a driver here)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@contextlib.contextmanager
+def headless_chromium(width: int = 1100, height: int = 1400) -> Iterator[Any]:
+    """A Selenium driver of a headless chromium window of ``width`` x ``height`` pixels that keeps
+    the page's console log; skips (with the reason) where chromium, its driver or selenium is missing."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("chromium and chromedriver are not installed (scripts/setup.sh --test installs Debian's)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the [dev] extra has it)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--ignore-certificate-errors",
+                f"--window-size={width},{height}", "--hide-scrollbars"):
+        options.add_argument(arg)
+    options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "the page") -> Any:
+    """``predicate()``'s first true value, polled every 0.2 s for ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what} did not get there in {timeout:.0f} s")
+
+
+def console_errors(driver: Any) -> list[dict[str, Any]]:
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def card(driver: Any, device: str) -> Any:
+    """The live page's card of ``device``, once it is drawn."""
+    return wait_for(lambda: next(iter(driver.find_elements("css selector", f'.card[data-device="{device}"]')), None))
