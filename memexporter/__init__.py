@@ -3,7 +3,7 @@
     import memexporter
     memexporter.start(port=9400)
 
-See the README for the metrics, the alert rules and the dashboards.
+See the README and docs/ for the metrics, the alert rules and the dashboards.
 """
 
 from __future__ import annotations

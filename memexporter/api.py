@@ -55,8 +55,8 @@ def start(
 
     Non-blocking and idempotent: a second call warns and returns the running exporter. Every
     keyword except ``model``/``optimizer`` also reads ``MEMEXPORTER_<NAME>`` from the environment;
-    an explicit argument wins. Defaults: port 9400, all interfaces. See the README's configuration
-    table for each knob.
+    an explicit argument wins. Defaults: port 9400, all interfaces. See the configuration
+    table of docs/configuration.md for each knob.
 
     ``model=`` (and ``optimizer=``) also starts per-module tracking, as ``track(model, optimizer)``,
     with ``module_depth`` and ``max_modules``. ``auto_track=True`` finds the model by itself.
@@ -65,8 +65,7 @@ def start(
     ``OTEL_*`` variables; ``meter_provider=`` publishes them on the application's
     ``MeterProvider`` instead (memexporter never sets the global one). ``http=False`` opens no port.
 
-    ``debug=True`` adds ``/debug/memory`` and ``/debug/snapshot`` (see the README's "When the page
-    comes"); ``oom_dump_dir=`` writes a pre-mortem there before an OOM.
+    ``debug=True`` adds ``/debug/memory`` and ``/debug/snapshot`` (see docs/debugging.md); ``oom_dump_dir=`` writes a pre-mortem there before an OOM.
 
     Raises ``TypeError``/``ValueError`` naming a bad value, and ``ImportError`` saying what to do
     when torch is missing or older than ``memexporter.torchcheck.MIN_TORCH``. A port that is taken

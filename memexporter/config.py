@@ -1,7 +1,7 @@
 """Configuration knobs: every keyword of ``start()`` and its ``MEMEXPORTER_<NAME>`` variable.
 
 ``KNOBS`` is the single source of truth; ``Config.resolve`` validates explicit arguments and the
-environment with one parser per knob, and the README's configuration table is rendered from it.
+environment with one parser per knob, and the configuration table of docs/configuration.md is rendered from it.
 An explicit argument wins over the environment. Bad values raise ``TypeError``/``ValueError``
 naming the knob and the value. A bad variable that an argument overrides is still checked: it
 does not stop the job, but it is said once as a WARNING (without that argument it would). So is a
@@ -158,7 +158,7 @@ def auto_track_default(explicit: bool | None, environ: Mapping[str, str] | None 
 
 
 def reference_table() -> str:
-    """The README's configuration table, rendered from ``KNOBS``."""
+    """The configuration table of docs/configuration.md, rendered from ``KNOBS``."""
     lines = ["| keyword | environment variable | default | meaning |", "|---|---|---|---|"]
     for k in KNOBS:
         lines.append(f"| `{k.name}` | `{k.env}` | `{k.default!r}` | {k.doc} |")

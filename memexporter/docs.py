@@ -1,7 +1,8 @@
-"""Render the README's generated blocks from their sources of truth.
+"""Render the documentation's generated blocks from their sources of truth.
 
-``python -m memexporter.docs`` rewrites the blocks between ``<!-- NAME:start -->`` and
-``<!-- NAME:end -->`` markers; ``--check`` exits 1 when the README is stale (tests run it too).
+Each block lives in one page of ``docs/`` between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``
+markers. ``python -m memexporter.docs`` rewrites them in place; ``--check`` exits 1 when a page is
+stale (the tests run it too).
 """
 
 from __future__ import annotations
@@ -14,20 +15,22 @@ from pathlib import Path
 from memexporter import config, metrics
 from memexporter.otel import names as otel_names
 
-BLOCKS: dict[str, Callable[[], str]] = {
-    "metrics": metrics.reference_table,
-    "config": config.reference_table,
-    "otel": otel_names.reference_table,
+#: block name -> (the page under the docs folder that holds it, its renderer)
+BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
+    "metrics": ("metrics.md", metrics.reference_table),
+    "config": ("configuration.md", config.reference_table),
+    "otel": ("otel.md", otel_names.reference_table),
 }
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-def render(text: str) -> str:
-    """``text`` with every known block replaced by its fresh rendering."""
-    for name, make in BLOCKS.items():
+def render(text: str, names: list[str]) -> str:
+    """``text`` with each named block replaced by its fresh rendering."""
+    for name in names:
         pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S)
         if not pattern.search(text):
-            raise ValueError(f"README has no <!-- {name}:start --> ... <!-- {name}:end --> block")
-        body = make()
+            raise ValueError(f"no <!-- {name}:start --> ... <!-- {name}:end --> block where {BLOCKS[name][0]} should have it")
+        body = BLOCKS[name][1]()
 
         def fill(m: re.Match[str], body: str = body) -> str:  # a function: body may hold backslashes
             return f"{m.group(1)}{body}\n{m.group(2)}"
@@ -36,20 +39,33 @@ def render(text: str) -> str:
     return text
 
 
+def pages(docs: Path) -> dict[Path, list[str]]:
+    """Each page that holds generated blocks, with the names of its blocks."""
+    found: dict[Path, list[str]] = {}
+    for name, (page, _) in BLOCKS.items():
+        found.setdefault(docs / page, []).append(name)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memexporter.docs", description=__doc__)
-    parser.add_argument("--readme", type=Path, default=Path(__file__).resolve().parents[1] / "README.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the README is stale")
+    parser.add_argument("--docs", type=Path, default=DOCS, help="the docs folder (default: the checkout's)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page is stale")
     args = parser.parse_args(argv)
-    old = args.readme.read_text()
-    new = render(old)
-    if args.check:
-        if new != old:
-            print(f"{args.readme} is stale: run python -m memexporter.docs")
-            return 1
-        return 0
-    args.readme.write_text(new)
-    return 0
+    stale = []
+    for path, names in pages(args.docs).items():
+        old = path.read_text(encoding="utf-8")
+        new = render(old, names)
+        if new == old:
+            continue
+        if args.check:
+            stale.append(path)
+        else:
+            path.write_text(new, encoding="utf-8")
+            print(f"rendered {path}")
+    for path in stale:
+        print(f"{path} is stale: run python -m memexporter.docs")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The metric spec table: the single source of truth for every series memexporter exports.
 
-Collectors build their families from these specs, the OTel adapter and the README's metrics
-reference are derived from them, and tests check dashboards and rules against them. Add a row
+Collectors build their families from these specs, the OTel adapter and the metrics
+reference (docs/metrics.md) are derived from them, and tests check dashboards and rules against them. Add a row
 here and nowhere else.
 """
 
@@ -192,7 +192,7 @@ def families(rows: Mapping[str, Iterable[tuple[tuple[str, ...], float]]]) -> lis
 
 
 def reference_table() -> str:
-    """The README's metrics reference, rendered from the table (a test keeps them equal)."""
+    """The metrics reference of docs/metrics.md, rendered from the table (a test keeps them equal)."""
     lines = ["| name | type | unit | labels | help |", "|---|---|---|---|---|"]
     for s in SPECS:
         labels = ", ".join(s.labels)

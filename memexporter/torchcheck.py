@@ -1,7 +1,7 @@
 """The minimum torch version, checked from the installed package's metadata without importing torch.
 
 torch is deliberately not a dependency in ``pyproject.toml``: pip would replace a user's CUDA build
-of torch with PyPI's. So the minimum is stated here (and in the README) and checked where
+of torch with PyPI's. So the minimum is stated here (and in the README's quick start) and checked where
 memexporter first needs torch: ``start()``, ``track()`` and the ``demo``/``run`` commands.
 ``import memexporter``, ``memexporter rules`` and ``memexporter dashboards`` need no torch at all.
 

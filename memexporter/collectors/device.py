@@ -7,7 +7,7 @@ library (or no match) means no series.
 ``device_process_used_bytes`` is this process's own share as the driver counts it, and
 ``device_non_allocator_bytes`` the part of it PyTorch's caching allocator does not hold.
 ``device_info`` carries what a join with dcgm-exporter needs (NVML's UUID, the physical GPU's
-UUID and MIG GPU instance id, the PCI bus id, the model name) and the vendor: see the README.
+UUID and MIG GPU instance id, the PCI bus id, the model name) and the vendor: see docs/gpus.md.
 """
 
 from __future__ import annotations

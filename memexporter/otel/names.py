@@ -49,7 +49,7 @@ def instruments() -> tuple[Instrument, ...]:
 
 
 def reference_table() -> str:
-    """The README's OpenTelemetry table, rendered from the spec table."""
+    """The OpenTelemetry table of docs/otel.md, rendered from the spec table."""
     lines = ["| instrument | kind | unit | attributes | Prometheus name after translation |", "|---|---|---|---|---|"]
     for i in instruments():
         attrs = ", ".join(i.attributes) or "-"

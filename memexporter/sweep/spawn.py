@@ -1,7 +1,7 @@
 """What a sweep's child is started with: a free loopback port, its environment, and its output pipes.
 
 The exporter starts in the child the zero-touch way: ``memexporter.bootstrap`` on ``PYTHONPATH``
-and ``MEMEXPORTER_AUTOSTART=1``, as the README's *Zero-touch bootstrap* describes.
+and ``MEMEXPORTER_AUTOSTART=1``, as docs/configuration.md's *Zero-touch bootstrap* describes.
 """
 
 from __future__ import annotations

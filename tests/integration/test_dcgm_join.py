@@ -1,4 +1,4 @@
-"""The README's PromQL joins with dcgm-exporter, run by the real promtool on DCGM-shaped series.
+"""The GPU page's PromQL joins (docs/gpus.md) with dcgm-exporter, run by the real promtool on DCGM-shaped series.
 
 The memexporter side comes from real scrapes (the real backends over the SYNTHETIC fixtures'
 torch.cuda and NVML answers): three ranks, on two whole A100s and on a MIG slice. The DCGM side
@@ -30,8 +30,8 @@ MiB = 1 << 20
 DRIVER = "550.54.15"
 
 
-def readme_queries() -> list[str]:
-    section = (REPO_ROOT / "README.md").read_text().split("### Joining with dcgm-exporter", 1)[1].split("\n#", 1)[0]
+def documented_queries() -> list[str]:
+    section = (REPO_ROOT / "docs" / "gpus.md").read_text().split("## Joining with dcgm-exporter", 1)[1].split("\n#", 1)[0]
     return re.findall(r"```promql\n(.*?)```", section, re.S)
 
 
@@ -86,8 +86,8 @@ def dcgm_side(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_readme_dcgm_joins_on_dcgm_shaped_series(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    queries = readme_queries()
-    assert len(queries) == 2, "the README's DCGM section has the two documented joins"
+    queries = documented_queries()
+    assert len(queries) == 2, "docs/gpus.md's DCGM section has the two documented joins"
     ranks = memexporter_side(monkeypatch)
     dcgm = dcgm_side(ranks)
     assert [r["info"]["gpu_instance_id"] for r in ranks] == ["", "", "13"]

@@ -23,7 +23,7 @@ ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's notice abo
 def build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (the [dev] extra has it)")
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "--site-dir", str(site)],
-                          capture_output=True, text=True, timeout=300, env=ENV, check=False)
+                          capture_output=True, text=True, timeout=300, env=ENV, check=False, cwd=REPO_ROOT)  # snippets: from the root
 
 
 def nav_pages(nav: list[object]) -> list[str]:

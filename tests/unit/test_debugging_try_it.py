@@ -1,4 +1,4 @@
-"""The README's "Try it" demo of the debug endpoints runs long enough for what the text asks next
+"""The "Try it" demo of docs/debugging.md (the debug endpoints) runs long enough for what the text asks next
 (issue 27: it stopped itself with its simulated OOM 16 s after start, before a user could run
 ``memexporter inspect``). Its own figures, read from the command as written: steps until the
 budget, at the step interval, against the census that names the leak (the leak window)."""
@@ -14,9 +14,9 @@ BASELINE_MIB = 400  # what the demo holds before it leaks (its RSS on CPU: torch
 
 
 def test_try_it_demo_outlives_the_leak_naming_by_minutes() -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
-    command = re.search(r"Try it:\s*`(MEMEXPORTER_DEBUG=1 scripts/demo\.sh [^`]+)`", readme)
-    assert command is not None, "the README's Try it command moved"
+    page = (REPO_ROOT / "docs" / "debugging.md").read_text()
+    command = re.search(r"Try it:\s*`(MEMEXPORTER_DEBUG=1 scripts/demo\.sh [^`]+)`", page)
+    assert command is not None, "the Try it command of docs/debugging.md moved"
     flags = dict(re.findall(r"--([a-z-]+) ([0-9.]+)", command.group(1)))
     leak, limit, interval = float(flags["leak-mib-per-step"]), float(flags["memory-limit-mib"]), float(flags["step-interval"])
     steps_to_oom = (limit - BASELINE_MIB) / leak
