@@ -1,5 +1,5 @@
 # Shortcuts; the scripts are the source of truth (a fresh machine may not have make).
-.PHONY: demo test lint bench bench-scale rules scenarios dashboards gpu-check kubernetes
+.PHONY: demo test lint bench bench-scale rules scenarios dashboards gpu-check kubernetes docs screenshots
 demo:
 	scripts/demo.sh
 test:
@@ -9,7 +9,7 @@ gpu-check:
 lint:
 	.venv/bin/python -m ruff check memexporter tests benchmarks && .venv/bin/python -m mypy
 bench:
-	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py && .venv/bin/python benchmarks/bench_modules.py && .venv/bin/python benchmarks/bench_phases.py && .venv/bin/python benchmarks/bench_flood.py && OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py && .venv/bin/python benchmarks/alert_lead_times.py
+	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py && .venv/bin/python benchmarks/bench_modules.py && .venv/bin/python benchmarks/bench_phases.py && .venv/bin/python benchmarks/bench_flood.py && .venv/bin/python benchmarks/bench_page.py && OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py && .venv/bin/python benchmarks/alert_lead_times.py
 # Opt-in, not part of bench: Prometheus with 64, 256 and 1,024 simulated ranks, before (as of de4f325)
 # and after issue 25; takes tens of minutes. Results in build/bench-scale-*.json and .md.
 bench-scale:
@@ -25,3 +25,10 @@ dashboards:
 kubernetes:
 	.venv/bin/python -m memexporter rules --format prometheusrule --output deploy/kubernetes/prometheusrule.yaml
 	.venv/bin/python -m memexporter dashboards --format configmap --output deploy/kubernetes/dashboards.yaml
+# The tables in docs/ from their sources, then the site in strict mode (into build/site).
+docs:
+	.venv/bin/python -m memexporter.docs
+	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --site-dir build/site
+# The pictures of the live page and of top in docs/, taken again by their test.
+screenshots:
+	MEMEXPORTER_UPDATE_SCREENSHOTS=1 .venv/bin/python -m pytest -q tests/integration/test_screenshots.py

@@ -24,9 +24,9 @@ from memexporter.bootstrap import path as bootstrap_path
 from memexporter.otel import names
 from tests.support import REPO_ROOT
 from tests.support.demo import module_env
-from tests.support.otlp import OtlpHttpReceiver, Received, closed_port, metrics, points, resource
+from tests.support.otlp import OtlpHttpReceiver, Received, metrics, points, resource
 from tests.support.otlp_names import families_read_by_shipped_queries, kind_of, label, translate
-from tests.support.ports import free_port
+from tests.support.ports import closed_port, free_port
 from tests.support.process import stop, tail
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import socket
 import threading
 import time
 import zlib
@@ -27,15 +26,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
-
-
-def closed_port() -> int:
-    """A loopback port that refuses connections: an OTLP endpoint nobody listens on. The kernel
-    picks it from the ephemeral range, where other tests' servers never bind (tests/support/ports.py
-    picks below it); an outgoing connection reusing it as its local port does not listen."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,12 @@ def free_port() -> int:
     """A port that was free a moment ago. Another process may still take it before the caller
     binds: ``start_on_free_port`` retries on "address already in use"."""
     return free_port_block(1)
+
+
+def closed_port() -> int:
+    """A loopback port that refuses connections: an endpoint nobody listens on (an OTLP collector, a rank). The kernel
+    picks it from the ephemeral range, where other tests' servers never bind (tests/support/ports.py
+    picks below it); an outgoing connection reusing it as its local port does not listen."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

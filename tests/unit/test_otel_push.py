@@ -20,7 +20,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
 from memexporter.otel import sdk
 from memexporter.otel.reporting import ReportingExporter
-from tests.support.otlp import closed_port, metrics, points, resource
+from tests.support.otlp import metrics, points, resource
+from tests.support.ports import closed_port
 
 
 @pytest.fixture(autouse=True)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
-from memexporter.top import Board, Rank, rows, targets
+import pytest
+
+from memexporter.top import Board, Rank, rows, run, targets
+from tests.support.ports import closed_port
 
 
 def test_targets_default_to_the_local_ranks_and_take_any_url_form() -> None:
@@ -27,3 +32,25 @@ def test_rows_put_the_soonest_oom_first_then_the_fullest_and_mark_a_rank_gone() 
     assert listed == ["rank 3", "rank 2", "rank 1", "rank 0"]  # the silent rank, then the ETA, then by share
     gone = rows(board)[0][1]
     assert gone[2].startswith("timed out after 1.5 s; no answer for ")
+
+
+def test_svg_into_a_folder_that_is_not_there_is_one_line_and_status_1(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("rich", reason="rich is not installed (the [top] extra has it)")
+    args = argparse.Namespace(urls=[f"127.0.0.1:{closed_port()}"], timeout=0.5, interval=1.0, once=False,
+                              svg=str(tmp_path / "missing" / "top.svg"), width=80)
+    assert run(args) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"memexporter top: cannot write {tmp_path / 'missing' / 'top.svg'}: No such file or directory"]
+
+
+def test_svg_writes_the_snapshot_with_the_rank_that_does_not_answer(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("rich", reason="rich is not installed (the [top] extra has it)")
+    port = closed_port()
+    args = argparse.Namespace(urls=[f"127.0.0.1:{port}"], timeout=0.5, interval=1.0, once=False,
+                              svg=str(tmp_path / "top.svg"), width=100)
+    assert run(args) == 0
+    assert capsys.readouterr().out == f"memexporter top: wrote {tmp_path / 'top.svg'}\n"
+    svg = (tmp_path / "top.svg").read_text()
+    assert svg.startswith("<svg") and "not&#160;answering" in svg
