@@ -8,8 +8,7 @@ See the README and docs/ for the metrics, the alert rules and the dashboards.
 
 from __future__ import annotations
 
-__version__ = "0.2.0"
-
+from memexporter._version import __version__
 from memexporter.api import Exporter, Phase, on_oom_risk, phase, start, step, stop, track
 
 __all__ = ["Exporter", "Phase", "__version__", "on_oom_risk", "phase", "start", "step", "stop", "track"]

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from memexporter import __version__
+from memexporter._version import __version__
 from memexporter.config import FALSE, KNOBS, TRUE, auto_track_default
 
 

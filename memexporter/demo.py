@@ -20,13 +20,13 @@ from torch import nn
 import memexporter
 from memexporter import exporter
 from memexporter.argtypes import integer, number, rank_mib
-from memexporter.diagnose.words import fmt_bytes as _fmt_bytes
-from memexporter.diagnose.words import fmt_eta as _fmt_eta
 from memexporter.exporter import Exporter
 from memexporter.scrape import Scrape
 from memexporter.trend import estimate
+from memexporter.units import MiB
+from memexporter.units import fmt_bytes as _fmt_bytes
+from memexporter.units import fmt_eta as _fmt_eta
 
-MiB = 1 << 20
 SIMULATED_OOM_EXIT = 3
 HEADS = 4
 

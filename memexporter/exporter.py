@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from memexporter import __version__, fleet
+from memexporter import fleet
+from memexporter._version import __version__
 from memexporter.binding import PortAdvice, bind
 from memexporter.config import Config, origin
 from memexporter.registry import MemexporterCollector, catalogue

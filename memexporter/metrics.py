@@ -13,7 +13,18 @@ from typing import Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from memexporter.serving.conn import REASONS
+# Why a connection ended without a full answer: the `reason` label values of
+# memexporter_http_dropped_connections_total (each exported from 0) and their meaning (its HELP).
+REASONS: dict[str, str] = {
+    "timeout": "the per-connection deadline passed",
+    "reset": "the client closed or reset it first",
+    "tls": "the TLS handshake failed",
+    "evicted": "a slow client dropped at the connection cap to make room for a waiting one",
+    "fd_limit": "refused near the process's descriptor limit",
+    "write": "the client closed or reset it while its answer was being written",
+    "error": "anything else, logged at debug level",
+}
+
 
 MetricType = Literal["gauge", "counter"]
 

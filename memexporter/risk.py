@@ -28,6 +28,7 @@ from memexporter.scrape import Scrape, Sources
 from memexporter.tracking.errors import count_failure
 from memexporter.tracking.phases import OUT_OF_STEP_PHASES
 from memexporter.trend import estimate
+from memexporter.units import MiB
 
 log = logging.getLogger("memexporter")
 
@@ -53,8 +54,8 @@ class OomRisk:
     def describe(self) -> str:
         """One line for the job's log: where, why, how full, how soon."""
         eta = "none" if math.isinf(self.eta_seconds) else f"{self.eta_seconds:.0f} s"
-        return (f"OOM risk on {self.device} ({self.reason}: {self.phase} peak {self.peak_bytes / 2**20:.0f} MiB of a "
-                f"{self.limit_bytes / 2**20:.0f} MiB limit, used {self.used_bytes / 2**20:.0f} MiB, ETA {eta})")
+        return (f"OOM risk on {self.device} ({self.reason}: {self.phase} peak {self.peak_bytes / MiB:.0f} MiB of a "
+                f"{self.limit_bytes / MiB:.0f} MiB limit, used {self.used_bytes / MiB:.0f} MiB, ETA {eta})")
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,15 @@ from typing import Protocol
 
 from prometheus_client.core import Metric
 
-from memexporter.backends.base import CUDA, AllocatorSource, DeviceMemory, DriverSource, HostSource, ProcessMemory
-from memexporter.backends.host import HostSample
+from memexporter.backends.base import (
+    CUDA,
+    AllocatorSource,
+    DeviceMemory,
+    DriverSource,
+    HostSample,
+    HostSource,
+    ProcessMemory,
+)
 from memexporter.config import Config
 from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from memexporter.diagnose.words import fmt_bytes, fmt_eta
+from memexporter.units import fmt_bytes, fmt_eta
 
 DEFAULT_PORT, LOCAL_RANKS = 9400, 8
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # local ranks: never through a proxy

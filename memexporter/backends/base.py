@@ -11,10 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
-
-if TYPE_CHECKING:
-    from memexporter.backends.host import HostSample
+from typing import Protocol, TypeVar
 
 log = logging.getLogger("memexporter")
 T = TypeVar("T")
@@ -113,6 +110,18 @@ class DriverSource(Protocol):
 
     def memory(self, uuid: str, index: int | None = None) -> DeviceMemory | None: ...  # index: torch's ordinal
     def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None: ...
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """Host memory in bytes. ``available`` and ``limit`` are cgroup-aware. A figure whose read
+    failed is ``None``, and ``failed`` says which reads failed and why."""
+
+    rss: int | None
+    children_rss: int | None
+    available: int | None
+    limit: int | None
+    failed: tuple[str, ...] = ()
 
 
 class HostSource(Protocol):

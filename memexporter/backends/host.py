@@ -13,13 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import psutil
 
-from memexporter.backends.base import LogOnce
+from memexporter.backends.base import HostSample, LogOnce
 from memexporter.backends.cgroup import CgroupMemory, read_cgroup
 
 __all__ = ["CgroupMemory", "HostBackend", "HostSample", "read_cgroup"]
@@ -54,18 +53,6 @@ def _rss_from_proc(pid: int) -> int:
         return int((_PROC / str(pid) / "statm").read_text().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0  # the worker exited between listing and reading
-
-
-@dataclass(frozen=True)
-class HostSample:
-    """Host memory in bytes. ``available`` and ``limit`` are cgroup-aware. A figure whose read
-    failed is ``None``, and ``failed`` says which reads failed and why."""
-
-    rss: int | None
-    children_rss: int | None
-    available: int | None
-    limit: int | None
-    failed: tuple[str, ...] = ()
 
 
 class HostBackend:

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 from memexporter.diagnose.engine import WATCH_INTERVAL_S, Diagnosis
 from memexporter.diagnose.report import document, oom_view
-from memexporter.diagnose.words import fmt_bytes
 from memexporter.diagnose.writer import DumpWriter, clean_stale, write_atomic
+from memexporter.units import fmt_bytes
 
 __all__ = ["AllocatorSource", "CudaHooks", "Premortem", "premortem_reason", "write_atomic"]
 

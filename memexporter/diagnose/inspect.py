@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 
 from memexporter.diagnose import token as tokens
 from memexporter.diagnose.reading import DEFAULT_URL, ReadError, is_dump, memory_url, read_dump, read_url
-from memexporter.diagnose.words import fmt_bytes, fmt_eta, fmt_group, fmt_rate
+from memexporter.diagnose.words import fmt_group, fmt_rate
+from memexporter.units import fmt_bytes, fmt_eta
 
 __all__ = ["DEFAULT_URL", "add_parser", "memory_url", "render", "run"]
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from memexporter.diagnose.findings import to_json
+from memexporter.diagnose.findings import Findings, to_json
 from memexporter.scrape import Scrape, Sources
 from memexporter.trend import TrendEstimate, estimate
-
-if TYPE_CHECKING:
-    from memexporter.diagnose.engine import Diagnosis
 
 DEFAULT_TOP = 50
 
@@ -55,7 +52,17 @@ def oom_view(sources: Sources) -> dict[str, dict[str, Any]]:
     return out
 
 
-def document(diagnosis: Diagnosis, top: int = DEFAULT_TOP) -> dict[str, Any]:
+class Published(Protocol):
+    """What the document reads of the diagnosis (``engine.Diagnosis``): its published state only."""
+
+    sources: Sources
+    every: int  # steps between censuses
+    errors: int  # censuses that failed
+    findings: Findings | None  # the latest census' findings
+    next_step: int  # the step of the next census
+
+
+def document(diagnosis: Published, top: int = DEFAULT_TOP) -> dict[str, Any]:
     """Everything ``/debug/memory`` answers; ``census`` is null until the first census."""
     sources = diagnosis.sources
     tracker = sources.steps

@@ -1,36 +1,17 @@
-"""The diagnosis in words: the one-line log messages, and the byte, time and shape formatting
-shared with ``memexporter inspect`` and the demo's progress line. No torch."""
+"""The diagnosis in words: the one-line log messages and the tensor-group formatting of
+``memexporter inspect`` (bytes and times: ``memexporter.units``). No torch."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from memexporter.units import fmt_bytes
 
 if TYPE_CHECKING:
     from memexporter.diagnose.findings import Named, NamedGraph
 
 NO_HOLDER = "nothing that Python can see (a C++ owner: an autograd graph, a hook, a CUDA graph pool?)"
-
-
-def fmt_bytes(n: float) -> str:
-    """``8.0 MiB``: binary units, one decimal."""
-    if not math.isfinite(n):
-        return "inf"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover - the loop returns at TiB
-
-
-def fmt_eta(seconds: float | None) -> str:
-    """``12m30s``, ``3h05m``; ``none`` when not growing (None or +Inf)."""
-    if seconds is None or not math.isfinite(seconds):
-        return "none"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 def fmt_group(dtype: str, shape: Sequence[int]) -> str:

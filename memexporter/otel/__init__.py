@@ -21,7 +21,7 @@ import threading
 import weakref
 from typing import Any
 
-from memexporter import __version__
+from memexporter._version import __version__
 from memexporter.otel import sdk
 from memexporter.otel.bridge import OtelBridge, Source
 from memexporter.otel.names import SCHEMA_URL

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from memexporter.metrics import REASONS
 from memexporter.serving.stream import Reader, Writer
 
 try:
@@ -25,17 +26,6 @@ try:
 except ImportError:  # not on Windows; the descriptor reserve is then off
     resource = None  # type: ignore[assignment]
 
-# Why a connection ended without a full answer: the `reason` label values of
-# memexporter_http_dropped_connections_total (each exported from 0) and their meaning (its HELP).
-REASONS: dict[str, str] = {
-    "timeout": "the per-connection deadline passed",
-    "reset": "the client closed or reset it first",
-    "tls": "the TLS handshake failed",
-    "evicted": "a slow client dropped at the connection cap to make room for a waiting one",
-    "fd_limit": "refused near the process's descriptor limit",
-    "write": "the client closed or reset it while its answer was being written",
-    "error": "anything else, logged at debug level",
-}
 
 
 READY = "ready"  # Conn.advance(): the request head has arrived

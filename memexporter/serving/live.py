@@ -21,8 +21,8 @@ from typing import Any
 
 from prometheus_client.registry import Collector
 
-from memexporter.diagnose.words import fmt_bytes
 from memexporter.tracking.history import History
+from memexporter.units import fmt_bytes, fmt_duration
 
 LIVE_PATH = "/live.json"
 TOP_MODULES = 15
@@ -30,18 +30,6 @@ _DEVICE = ("memory_used_bytes", "memory_limit_bytes", "memory_peak_bytes", "memo
            "leak_rate_bytes_per_second", "leak_bytes_per_step", "oom_eta_seconds")
 _MODULE = {"parameters": "module_parameter_bytes", "gradients": "module_gradient_bytes",
            "optimizer_state": "module_optimizer_state_bytes", "activations": "module_activation_bytes"}
-
-
-def fmt_duration(seconds: float) -> str:
-    """``2 h 10 m``, ``14 m``, ``40 s``: an ETA as a person says it."""
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} m"
-    return f"{minutes} m" if minutes else f"{secs} s"
 
 
 def in_words(device: Mapping[str, float | None]) -> str:

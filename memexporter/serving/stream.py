@@ -5,12 +5,22 @@ timeout, so a client that trickles a byte a second still hits the deadline."""
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from memexporter.serving.conn import Conn
+import socket
+from typing import Any, Protocol
 
 SEND_AT = 256 * 1024  # the answer goes out in one send() up to this size (a packet, not one per header)
+
+
+class Conn(Protocol):
+    """What the streams use of a connection (``serving.conn.Conn``)."""
+
+    sock: socket.socket
+    head: bytes  # what the acceptor read before the worker took over
+    failure: str | None  # set when writing the answer failed
+
+    def remaining(self) -> float:
+        """Seconds left of the connection's deadline."""
+        ...
 
 
 class Reader(io.RawIOBase):

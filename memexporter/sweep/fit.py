@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memexporter.sweep.grid import Axis
-from memexporter.sweep.runner import MiB, Run, Sweep
+from memexporter.sweep.runner import Run, Sweep
+from memexporter.units import MiB
 
 MIN_POINTS = 3
 MAX_RESIDUAL = 0.05

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from memexporter.sweep.fit import MaxFit
 from memexporter.sweep.grid import label
-from memexporter.sweep.runner import MiB, Run, Sweep
+from memexporter.sweep.runner import Run, Sweep
+from memexporter.units import GiB, MiB
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -48,7 +49,7 @@ def plot(sweep: Sweep, mf: MaxFit, path: Path) -> Figure:
     # legend, marked as above the chart, and the axes zoom on the peaks.
     off_scale = limit is not None and bool(peaks) and limit > OFF_SCALE * max(peaks)
     top = max([*peaks, 0.0 if off_scale or limit is None else limit])
-    scale, unit = ((1 << 30), "GiB") if top >= 4 << 30 else (MiB, "MiB")
+    scale, unit = (GiB, "GiB") if top >= 4 * GiB else (MiB, "MiB")
 
     def x(run: Run) -> float:
         return first.key(run.params[first.name])

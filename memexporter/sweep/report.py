@@ -15,7 +15,8 @@ from typing import Any, TextIO
 
 from memexporter.sweep.fit import MaxFit, Prediction
 from memexporter.sweep.grid import Params, label, plan
-from memexporter.sweep.runner import MiB, Progress, Run, Sweep
+from memexporter.sweep.runner import Progress, Run, Sweep
+from memexporter.units import GiB, MiB
 
 SPLIT_COLUMNS = (("parameters", "params"), ("gradients", "grads"), ("optimizer_state", "optim"), ("activations", "activ"))
 
@@ -23,7 +24,7 @@ SPLIT_COLUMNS = (("parameters", "params"), ("gradients", "grads"), ("optimizer_s
 def size(n: float | None) -> str:
     if n is None:
         return "-"
-    return f"{n / (1 << 30):.2f} GiB" if abs(n) >= 10 << 30 else f"{n / MiB:.1f} MiB"
+    return f"{n / GiB:.2f} GiB" if abs(n) >= 10 * GiB else f"{n / MiB:.1f} MiB"
 
 
 def seconds(s: float | None) -> str:

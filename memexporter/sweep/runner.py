@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from memexporter.sweep.child import Child, Outcome, Timing
 from memexporter.sweep.grid import Axis, Params, SweepError, dominates, label, plan, substitute
+from memexporter.units import MiB
 
-MiB = 1 << 20
 # What PyTorch (CUDA, ROCm, MPS), Python, the C++ runtime and the demo's simulated OOM print.
 _OOM_TEXT = re.compile(r"OutOfMemoryError|out of memory|\bMemoryError\b|std::bad_alloc|Cannot allocate memory|simulated OOM",
                        re.IGNORECASE)

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry
 
-from memexporter.backends.base import CUDA, DeviceMemory, ProcessMemory, device_label
-from memexporter.backends.host import HostSample
+from memexporter.backends.base import CUDA, DeviceMemory, HostSample, ProcessMemory, device_label
 from memexporter.config import Config
 from memexporter.registry import MemexporterCollector, catalogue
 from memexporter.scrape import Identity, Sources

@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from memexporter.serving.live import TOP_MODULES, document, fmt_duration, in_words
+from memexporter.serving.live import TOP_MODULES, document, in_words
 from memexporter.tracking.history import History
 from memexporter.tracking.steps import StepTracker
+from memexporter.units import fmt_duration
 from tests.unit.fakes import FakeHost, GiB, MiB, one_gpu
 
 

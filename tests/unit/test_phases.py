@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 import memexporter
-from memexporter.backends.host import HostSample
+from memexporter.backends.base import HostSample
 from memexporter.exporter import running
 from memexporter.tracking import boundaries, phases
 from memexporter.tracking.phases import MAX_PHASES, OTHER, OUT_OF_STEP_PHASES, PhaseStats, PhaseTracker
