@@ -37,7 +37,7 @@ class Condition:
 def _condition(name: str, expr: str, info: str = "", joined: bool = False) -> Condition:
     """``joined``: ``expr`` reads records that carry the run_id already."""
     selected = name + "{%(sel)s}"
-    return Condition(Rule(name, expr, _WHY), selected if joined else with_run(selected, *([info] if info else [])))
+    return Condition(Rule(name, expr=expr, why=_WHY), selected if joined else with_run(selected, *([info] if info else [])))
 
 
 CONDITIONS = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,7 @@ class Rule:
     (the run alerts' build their query from the rendered expression), not ``%``-templates."""
 
     name: str
+    _: KW_ONLY  # the rest by name: a template of rules reads like a table of named fields
     expr: str
     why: str
     for_: int = 0

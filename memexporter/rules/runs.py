@@ -61,12 +61,12 @@ def with_run(expr: str, info: str = INFO + "{%(sel)s}") -> str:
 def info_record() -> Rule:
     return Rule(
         INFO,
-        f"topk by ({KEY}) (1,\n"
+        expr=f"topk by ({KEY}) (1,\n"
         "    group without (run_id_source, detail, exported_run_id) (memexporter_run_info{%(sel)s})\n"
         f"  or on({KEY})\n"
         "    group without (version, torch_version, cuda_version) (memexporter_build_info{%(sel)s})\n"
         ")",
-        "One series per rank (value 1) carrying its run: run_id from the exporter's run_info (a run_id\n"
+        why="One series per rank (value 1) carrying its run: run_id from the exporter's run_info (a run_id\n"
         "target label wins: the exporter's is then exported_run_id, dropped here), or, from an exporter\n"
         "without run_info, the target labels of its build_info. The rules join it on job, instance, rank.")
 
@@ -76,20 +76,20 @@ def run_records() -> list[Rule]:
     by = "%(run_by)s, device_kind"
     util = kind(_UTIL + "{%(sel)s}")
     return [
-        Rule(RANKS, f"count by (%(run_by)s) ({INFO}{{%(sel)s}})",
-             "Ranks of each run that answer scrapes (from run_info, or build_info for an older exporter)."),
-        Rule("run_device_kind:memexporter_memory_peak_utilisation:max", f"max by ({by}) ({util})",
-             "The highest peak utilisation (0..1) among the ranks of each run, per kind of device."),
-        Rule("run_device_kind:memexporter_memory_peak_utilisation:worst_rank", f"topk by ({by}) (1, {util})",
-             "The same value, with the labels of the rank that holds it (instance, rank, device): one\n"
+        Rule(RANKS, expr=f"count by (%(run_by)s) ({INFO}{{%(sel)s}})",
+             why="Ranks of each run that answer scrapes (from run_info, or build_info for an older exporter)."),
+        Rule("run_device_kind:memexporter_memory_peak_utilisation:max", expr=f"max by ({by}) ({util})",
+             why="The highest peak utilisation (0..1) among the ranks of each run, per kind of device."),
+        Rule("run_device_kind:memexporter_memory_peak_utilisation:worst_rank", expr=f"topk by ({by}) (1, {util})",
+             why="The same value, with the labels of the rank that holds it (instance, rank, device): one\n"
              "series per run and kind of device."),
         Rule("run_device_kind:memexporter_memory_peak_utilisation:spread",
-             f"max by ({by}) ({util})\n-\nmin by ({by}) ({util})",
-             "Highest minus lowest peak utilisation among the ranks of each run: 0 when balanced."),
-        Rule("run_device_kind:memexporter_oom_eta_seconds:min", f"min by ({by}) ({kind(_ETA + '{%(sel)s}')})",
-             "The soonest OOM ETA among the ranks of each run (+Inf when no rank grows)."),
+             expr=f"max by ({by}) ({util})\n-\nmin by ({by}) ({util})",
+             why="Highest minus lowest peak utilisation among the ranks of each run: 0 when balanced."),
+        Rule("run_device_kind:memexporter_oom_eta_seconds:min", expr=f"min by ({by}) ({kind(_ETA + '{%(sel)s}')})",
+             why="The soonest OOM ETA among the ranks of each run (+Inf when no rank grows)."),
         *[Rule(f"run_device_kind:memexporter_{name}:{op}",
-               f"{op} by ({by}) (\n{indent(kind(with_run(f'memexporter_{name}{{%(sel)s}}')), 2)}\n)", why)
+               expr=f"{op} by ({by}) (\n{indent(kind(with_run(f'memexporter_{name}{{%(sel)s}}')), 2)}\n)", why=why)
           for name, op, why in (
               ("memory_used_bytes", "sum", "Memory in use now, summed over the ranks of each run."),
               ("memory_limit_bytes", "sum", "The limits, summed over the ranks of each run."),
@@ -97,7 +97,7 @@ def run_records() -> list[Rule]:
     ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Twin:
     """The run-wide twin of a rank alert. ``description``: ``%``-template over the parameters plus
     ``n_of_m`` ("3 of 4 ranks": ``$value`` of the ranks that answer), ``answering`` (how many answer)
@@ -151,5 +151,5 @@ def run_alert(rank: Rule, twin: Twin, c: RulesConfig, p: Mapping[str, str]) -> R
     why = (f"One alert per run while {c.run_min_ranks} or more of its ranks meet the condition above: a cause\n"
            "that every rank shares is one notification, and Alertmanager mutes the rank alerts of the run.\n"
            "Its for: ends sooner than theirs, so that it fires no later than the first of them.")
-    return Rule(rank.name, expr, why, run_for(c, rank.for_), rank.severity, twin.summary % p,
-                twin.description % extra, "run", rendered=True)
+    return Rule(rank.name, expr=expr, why=why, for_=run_for(c, rank.for_), severity=rank.severity, summary=twin.summary % p,
+                description=twin.description % extra, scope="run", rendered=True)

@@ -98,16 +98,16 @@ def recording() -> list[Rule]:
     """The per-rank levels (``memexporter.rules``): peak, utilisation, median, excess, phases, stalls."""
     return [
         info_record(),
-        Rule(f"{_PEAK}:max_over_time", "max_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(level_window)s])",
-             "Highest step peak over the level window: the level that the OOM gates compare to the limit."),
-        Rule(_UTIL, with_run(f"{_PEAK}:max_over_time{{%(sel)s}}\n/\nmemexporter_memory_limit_bytes{{%(sel)s}}"),
-             "Peak utilisation of the limit (0..1).\nWith the rank's run_id, as every per-rank alert: the join is in runs.with_run."),
+        Rule(f"{_PEAK}:max_over_time", expr="max_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(level_window)s])",
+             why="Highest step peak over the level window: the level that the OOM gates compare to the limit."),
+        Rule(_UTIL, expr=with_run(f"{_PEAK}:max_over_time{{%(sel)s}}\n/\nmemexporter_memory_limit_bytes{{%(sel)s}}"),
+             why="Peak utilisation of the limit (0..1).\nWith the rank's run_id, as every per-rank alert: the join is in runs.with_run."),
         Rule(f"{_PEAK}:median_over_time",
-             with_run("quantile_over_time(0.5, memexporter_memory_peak_bytes{%(sel)s}[%(half)s])"),
-             "Typical step peak: evaluation spikes of a few minutes do not move the median. With the\n"
+             expr=with_run("quantile_over_time(0.5, memexporter_memory_peak_bytes{%(sel)s}[%(half)s])"),
+             why="Typical step peak: evaluation spikes of a few minutes do not move the median. With the\n"
              "rank's run_id: RankImbalance compares the ranks of a run."),
-        Rule(_EXCESS, _excess(),
-             "How far each rank's typical peak sits above the median rank of its peers (the series that\n"
+        Rule(_EXCESS, expr=_excess(),
+             why="How far each rank's typical peak sits above the median rank of its peers (the series that\n"
              "share the peer labels: one training run, run_id joined from run_info) on the same kind of\n"
              "device (cuda or cpu), as a fraction of its own limit. A peer label a series lacks counts as empty."),
         *phase_recording(),
@@ -119,21 +119,21 @@ def trends() -> list[Rule]:
     quantiles over the trend window are about half of the per-rank records' cost (0.4 s of 0.9 s
     an evaluation at 1,024 ranks); they read the levels as of the levels' last evaluation."""
     return [
-        Rule(f"{_PEAK}:deriv", _median_deriv("memexporter_memory_peak_bytes"),
-             "Robust growth of the step peak (bytes/s): the difference of the medians of the two halves of\n"
+        Rule(f"{_PEAK}:deriv", expr=_median_deriv("memexporter_memory_peak_bytes"),
+             why="Robust growth of the step peak (bytes/s): the difference of the medians of the two halves of\n"
              "the trend window, over their distance. Needs a full window of steps without a restart."),
-        Rule("rank_device:memexporter_memory_baseline_bytes:deriv", _median_deriv("memexporter_memory_baseline_bytes"),
-             "The same for the baseline (memory held between steps): the Prometheus-side leak cross-check."),
+        Rule("rank_device:memexporter_memory_baseline_bytes:deriv", expr=_median_deriv("memexporter_memory_baseline_bytes"),
+             why="The same for the baseline (memory held between steps): the Prometheus-side leak cross-check."),
         Rule(f"{_ETA}:peak_trend",
-             f"(memexporter_memory_limit_bytes{{%(sel)s}} - {_PEAK}:max_over_time{{%(sel)s}})\n"
+             expr=f"(memexporter_memory_limit_bytes{{%(sel)s}} - {_PEAK}:max_over_time{{%(sel)s}})\n"
              f"/\n({_PEAK}:deriv{{%(sel)s}} > 0)",
-             "Prometheus-side seconds until the step peak reaches the limit at the peak's median trend."),
-        Rule(f"{_ETA}:min", with_run(
+             why="Prometheus-side seconds until the step peak reaches the limit at the peak's median trend."),
+        Rule(f"{_ETA}:min", expr=with_run(
              "min without (estimator) (\n"
              '    label_replace(memexporter_oom_eta_seconds{%(sel)s}, "estimator", "exporter", "", "")\n'
              "  or\n"
              f'    label_replace({_ETA}:peak_trend{{%(sel)s}}, "estimator", "prometheus", "", "")\n'
              ")"),
-             "The sooner of the two ETAs, the exporter's (baseline slope, +Inf when flat) and Prometheus',\n"
+             why="The sooner of the two ETAs, the exporter's (baseline slope, +Inf when flat) and Prometheus',\n"
              "with the rank's run_id."),
     ]
