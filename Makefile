@@ -1,5 +1,5 @@
 # Shortcuts; the scripts are the source of truth (a fresh machine may not have make).
-.PHONY: demo test lint bench bench-scale rules scenarios dashboards gpu-check kubernetes docs screenshots
+.PHONY: demo test lint format bench bench-scale rules scenarios dashboards gpu-check kubernetes docs screenshots
 demo:
 	scripts/demo.sh
 test:
@@ -7,7 +7,10 @@ test:
 gpu-check:
 	scripts/gpu-check.sh
 lint:
-	.venv/bin/python -m ruff check memexporter tests benchmarks && .venv/bin/python -m mypy
+	.venv/bin/python -m ruff format --check memexporter tests benchmarks && .venv/bin/python -m ruff check memexporter tests benchmarks && .venv/bin/python -m mypy
+# Format the code as lint expects it.
+format:
+	.venv/bin/python -m ruff format memexporter tests benchmarks
 bench:
 	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py && .venv/bin/python benchmarks/bench_modules.py && .venv/bin/python benchmarks/bench_phases.py && .venv/bin/python benchmarks/bench_flood.py && .venv/bin/python benchmarks/bench_page.py && OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py && .venv/bin/python benchmarks/alert_lead_times.py
 # Opt-in, not part of bench: Prometheus with 64, 256 and 1,024 simulated ranks, before (as of de4f325)

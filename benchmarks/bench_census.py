@@ -60,8 +60,10 @@ def gpt2_small(args: argparse.Namespace) -> None:
     step()
     params = sum(p.numel() for p in model.parameters())
     scan = census.take(1, None)
-    print(f"GPT-2-small-sized model: {params / 1e6:.1f} M parameters, {scan.census.storages} storages, "
-          f"{scan.census.bytes / 2**30:.2f} GiB in {scan.census.tensors} tensors")
+    print(
+        f"GPT-2-small-sized model: {params / 1e6:.1f} M parameters, {scan.census.storages} storages, "
+        f"{scan.census.bytes / 2**30:.2f} GiB in {scan.census.tensors} tensors"
+    )
     del scan
     c_wall, c_cpu = timed(lambda: census.take(1, None), args.repeat)
     samples = model.leak_store[-4:]  # type: ignore[index]
@@ -69,12 +71,16 @@ def gpt2_small(args: argparse.Namespace) -> None:
     s_wall, s_cpu = timed(step, args.steps)
     print(f"  census        wall {c_wall * 1e3:8.1f} ms   cpu {c_cpu * 1e3:8.1f} ms")
     print(f"  holder walk   wall {h_wall * 1e3:8.1f} ms   cpu {h_cpu * 1e3:8.1f} ms   (one growing group, 4 samples)")
-    print(f"  training step wall {s_wall * 1e3:8.1f} ms   cpu {s_cpu * 1e3:8.1f} ms   (batch {args.batch} x seq {args.seq})")
+    print(
+        f"  training step wall {s_wall * 1e3:8.1f} ms   cpu {s_cpu * 1e3:8.1f} ms   (batch {args.batch} x seq {args.seq})"
+    )
     for label, cost, per_step in (("wall", c_wall, s_wall), ("cpu", c_cpu, s_cpu)):
         share = cost / args.every / per_step
         needed = math.ceil(cost / (0.005 * per_step))
-        print(f"  {label:4s}: census every {args.every} steps costs {100 * share:.4f} % of the step "
-              f"({cost / args.every * 1e3:.2f} ms/step); 0.5 % allows a census every {needed} steps")
+        print(
+            f"  {label:4s}: census every {args.every} steps costs {100 * share:.4f} % of the step "
+            f"({cost / args.every * 1e3:.2f} ms/step); 0.5 % allows a census every {needed} steps"
+        )
 
 
 def overhead(args: argparse.Namespace, clock: Callable[[], float]) -> None:
@@ -89,7 +95,9 @@ def overhead(args: argparse.Namespace, clock: Callable[[], float]) -> None:
         opt.zero_grad(set_to_none=True)
 
     variants: dict[str, dict[str, object] | None] = {
-        "plain": None, "start": {}, "start(debug)": {"debug": True, "census_every": args.every},
+        "plain": None,
+        "start": {},
+        "start(debug)": {"debug": True, "census_every": args.every},
     }
     means: dict[str, list[float]] = {name: [] for name in variants}
     censuses = 0
@@ -109,11 +117,15 @@ def overhead(args: argparse.Namespace, clock: Callable[[], float]) -> None:
                 exp.stop()
         print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     base = statistics.mean(means["plain"])
-    print(f"Small GPT loop, {args.rounds} rounds x {args.block} steps per variant, mean step time ({args.clock} clock):")
+    print(
+        f"Small GPT loop, {args.rounds} rounds x {args.block} steps per variant, mean step time ({args.clock} clock):"
+    )
     for name, ms in means.items():
         paired = statistics.median(m / p for m, p in zip(ms, means["plain"], strict=True))
-        print(f"  {name:13s} {statistics.mean(ms) * 1e3:8.2f} ms   ratio {statistics.mean(ms) / base:.4f}   "
-              f"paired ratio {paired:.4f}")
+        print(
+            f"  {name:13s} {statistics.mean(ms) * 1e3:8.2f} ms   ratio {statistics.mean(ms) / base:.4f}   "
+            f"paired ratio {paired:.4f}"
+        )
     print(f"  censuses taken in the debug blocks: {censuses}")
 
 
@@ -127,8 +139,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--block", type=int, default=200, help="steps per variant per round")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="cpu: the training thread's CPU time, census included (with --threads 1: immune to a busy machine)")
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: the training thread's CPU time, census included (with --threads 1: immune to a busy machine)",
+    )
     ap.add_argument("--skip-overhead", action="store_true")
     args = ap.parse_args()
     if args.threads:

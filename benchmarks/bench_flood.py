@@ -47,8 +47,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FLOOD_THREADS = 4
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,"
-                     "*/*;q=0.2")
+PROMETHEUS_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
 STEPS = re.compile(rb"^memexporter_steps_total\{[^}]*\} (\S+)", re.M)
 TOKEN = "bench-flood-debug-token-0123456789"  # /debug/* asks for one (where the checkout has tokens)
 
@@ -62,6 +61,7 @@ def pin(cpus: set[int]) -> None:
 
 # --- the client process ------------------------------------------------------------------------
 
+
 def client(port: int) -> None:
     state: dict[str, Any] = {"path": None, "flood": Counter(), "scrapes": []}
     on, lock = threading.Event(), threading.Lock()
@@ -69,8 +69,10 @@ def client(port: int) -> None:
     def flood() -> None:
         while True:
             on.wait()
-            request = (f"GET {state['path']} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
-                       f"Authorization: Bearer {TOKEN}\r\n\r\n").encode()
+            request = (
+                f"GET {state['path']} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
+                f"Authorization: Bearer {TOKEN}\r\n\r\n"
+            ).encode()
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
                     s.sendall(request)
@@ -89,8 +91,9 @@ def client(port: int) -> None:
             next_at += 1.0
             during, t0, status, advanced = on.is_set(), time.monotonic(), 0, False
             try:
-                req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
-                                             headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+                req = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
+                )
                 with urllib.request.urlopen(req, timeout=10) as r:
                     body, status = r.read(), r.status
                     if r.headers.get("Content-Encoding") == "gzip":
@@ -125,6 +128,7 @@ def client(port: int) -> None:
 
 # --- the job -----------------------------------------------------------------------------------
 
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--client", type=int, help=argparse.SUPPRESS)
@@ -158,8 +162,12 @@ def main() -> None:
 
     os.environ["MEMEXPORTER_DEBUG_TOKEN"] = TOKEN
     exp = memexporter.start(port=0, addr="127.0.0.1", debug=True)
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--client", str(exp.port)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--client", str(exp.port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdin is not None and proc.stdout is not None
 
     def tell(cmd: str) -> None:
@@ -180,8 +188,10 @@ def main() -> None:
     if len(cpus) < 2 and "on" in modes:
         print("one CPU only: no pinned runs")
         modes.remove("on")
-    print(f"{os.cpu_count()} CPUs ({len(cpus)} usable), GPT layers={args.layers} d={args.d}, 1 torch thread, "
-          f"{args.rounds} rounds x {per_block} steps per block, flood: {FLOOD_THREADS} threads, 1 process")
+    print(
+        f"{os.cpu_count()} CPUs ({len(cpus)} usable), GPT layers={args.layers} d={args.d}, 1 torch thread, "
+        f"{args.rounds} rounds x {per_block} steps per block, flood: {FLOOD_THREADS} threads, 1 process"
+    )
     for mode in modes:
         pin({cpus[0]} if mode == "on" else set(cpus))
         tell(f"pin {cpus[1]}" if mode == "on" else "pin all")
@@ -211,16 +221,22 @@ def summary(path: str, times: dict[str, list[tuple[float, float]]], report: dict
     for i, clock in enumerate(("wall", "thread")):
         quiet, flood = ([t[i] for t in times[k]] for k in ("quiet", "flood"))
         paired = statistics.median(f / q for f, q in zip(flood, quiet, strict=True))
-        parts.append(f"{clock} {statistics.median(quiet) * 1e3:6.2f} -> {statistics.median(flood) * 1e3:6.2f} ms "
-                     f"x{statistics.median(flood) / statistics.median(quiet):.3f} (paired x{paired:.3f})")
+        parts.append(
+            f"{clock} {statistics.median(quiet) * 1e3:6.2f} -> {statistics.median(flood) * 1e3:6.2f} ms "
+            f"x{statistics.median(flood) / statistics.median(quiet):.3f} (paired x{paired:.3f})"
+        )
     answers = report["flood"]
     total = sum(answers.values())
-    shares = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(answers.items(), key=lambda kv: -kv[1])) if total else "-"
+    shares = (
+        ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(answers.items(), key=lambda kv: -kv[1])) if total else "-"
+    )
     scrapes = [s for s in report["scrapes"] if s[0]]
     fresh = sum(1 for s in scrapes if s[1] == 200 and s[3] and s[2] < 1.0)
     worst = max((s[2] for s in scrapes), default=0.0)
-    parts.append(f"flood {total / flood_s:7.0f} req/s ({shares}); 1 s scrape during flood: {fresh}/{len(scrapes)} "
-                 f"fresh, slowest {worst:.2f} s")
+    parts.append(
+        f"flood {total / flood_s:7.0f} req/s ({shares}); 1 s scrape during flood: {fresh}/{len(scrapes)} "
+        f"fresh, slowest {worst:.2f} s"
+    )
     return " | ".join(parts)
 
 

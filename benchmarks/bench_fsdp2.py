@@ -58,11 +58,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank (default 1)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="cpu: the training thread's CPU time (what memexporter's hooks add, immune to a busy "
-                         "machine; leaves out waiting in collectives and the server thread's work)")
-    ap.add_argument("--every-step", action="store_true",
-                    help="count gradients, state and activations at every step (memexporter's intervals set to 0)")
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: the training thread's CPU time (what memexporter's hooks add, immune to a busy "
+        "machine; leaves out waiting in collectives and the server thread's work)",
+    )
+    ap.add_argument(
+        "--every-step",
+        action="store_true",
+        help="count gradients, state and activations at every step (memexporter's intervals set to 0)",
+    )
     args = ap.parse_args()
     if "RANK" not in os.environ:
         ap.error("run under torchrun: torchrun --standalone --nproc-per-node=2 benchmarks/bench_fsdp2.py")
@@ -76,20 +83,28 @@ def main() -> None:
     for _ in range(5):  # warm-up: allocator, optimizer state, oneDNN kernels, gloo connections
         job.step()
     if rank == 0:
-        print(f"torch {torch.__version__}, FSDP2 fully_shard per block, {world} ranks, gloo, cpu, "
-              f"{args.threads} thread(s) per rank, {args.clock} clock, {args.rounds} rounds x {args.block} steps per variant, "
-              f"batch {args.batch} x seq {args.seq} per rank"
-              + (", memexporter counting every step" if args.every_step else ", memexporter defaults"), flush=True)
+        print(
+            f"torch {torch.__version__}, FSDP2 fully_shard per block, {world} ranks, gloo, cpu, "
+            f"{args.threads} thread(s) per rank, {args.clock} clock, {args.rounds} rounds x {args.block} steps per variant, "
+            f"batch {args.batch} x seq {args.seq} per rank"
+            + (", memexporter counting every step" if args.every_step else ", memexporter defaults"),
+            flush=True,
+        )
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     times = interleaved(job, {name: VARIANTS[name] for name in NAMES}, args.rounds, args.block, clock)
     if rank == 0:
         base, base_mean = statistics.median(times["plain"]), statistics.fmean(times["plain"])
         for name, ts in times.items():
-            blocks = [statistics.median(ts[i:i + args.block]) / statistics.median(times["plain"][i:i + args.block])
-                      for i in range(0, len(ts), args.block)]
-            print(f"  {name:12s} median step {statistics.median(ts) * 1e3:8.2f} ms  p90 {pct(ts, 0.9) * 1e3:8.2f} ms  "
-                  f"ratio {statistics.median(ts) / base:.4f}  paired ratio {statistics.median(blocks):.4f}  "
-                  f"step rate x{base_mean / statistics.fmean(ts):.4f}", flush=True)
+            blocks = [
+                statistics.median(ts[i : i + args.block]) / statistics.median(times["plain"][i : i + args.block])
+                for i in range(0, len(ts), args.block)
+            ]
+            print(
+                f"  {name:12s} median step {statistics.median(ts) * 1e3:8.2f} ms  p90 {pct(ts, 0.9) * 1e3:8.2f} ms  "
+                f"ratio {statistics.median(ts) / base:.4f}  paired ratio {statistics.median(blocks):.4f}  "
+                f"step rate x{base_mean / statistics.fmean(ts):.4f}",
+                flush=True,
+            )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -82,8 +82,10 @@ def main() -> None:
         regimes = ["(every forward: this checkout has no record interval)"]
     for model in (plain, tracked, plain, tracked):  # warm-up: allocator, caches, the first recording
         block(model)
-    print(f"GPT layers={args.layers} d={args.d} batch={args.batch} seq={args.seq}, threads={args.threads}, "
-          f"{modules} tracked modules, {args.rounds} rounds x {args.block} steps, CPU time of the training thread")
+    print(
+        f"GPT layers={args.layers} d={args.d} batch={args.batch} seq={args.seq}, threads={args.threads}, "
+        f"{modules} tracked modules, {args.rounds} rounds x {args.block} steps, CPU time of the training thread"
+    )
     for regime in regimes:
         if shipped is not None:
             schedule.RECORD_INTERVAL_S = 0.0 if regime == "every" else shipped
@@ -97,9 +99,11 @@ def main() -> None:
         paired = statistics.median(t / q for t, q in zip(times["tracked"], times["plain"], strict=True))
         per_module = (med["tracked"] - med["plain"]) / modules * 1e6
         per_module_paired = (paired - 1) * med["plain"] / modules * 1e6  # less sensitive to drift
-        print(f"{regime:>8}: plain {med['plain'] * 1e3:8.2f} ms  tracked {med['tracked'] * 1e3:8.2f} ms  "
-              f"ratio {med['tracked'] / med['plain']:.3f} (paired {paired:.3f})  per module per step "
-              f"{per_module:6.2f} us (paired {per_module_paired:6.2f} us)")
+        print(
+            f"{regime:>8}: plain {med['plain'] * 1e3:8.2f} ms  tracked {med['tracked'] * 1e3:8.2f} ms  "
+            f"ratio {med['tracked'] / med['plain']:.3f} (paired {paired:.3f})  per module per step "
+            f"{per_module:6.2f} us (paired {per_module_paired:6.2f} us)"
+        )
     if shipped is not None:
         schedule.RECORD_INTERVAL_S, schedule.RECORD_EVERY = shipped, every
     handle.remove()

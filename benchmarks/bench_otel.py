@@ -78,8 +78,12 @@ def main() -> None:
     ap.add_argument("--interval-ms", type=int, default=100)
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="cpu: the training thread's CPU time (leaves out waits for the GIL and for a busy machine)")
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: the training thread's CPU time (leaves out waits for the GIL and for a busy machine)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,29 +91,44 @@ def main() -> None:
     endpoint, count, done = ctx.Queue(), ctx.Queue(), ctx.Event()
     proc = ctx.Process(target=_receiver, args=(endpoint, done, count), daemon=True)
     proc.start()
-    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint.get(timeout=60),
-                       "OTEL_METRIC_EXPORT_INTERVAL": str(args.interval_ms)})
+    os.environ.update(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint.get(timeout=60), "OTEL_METRIC_EXPORT_INTERVAL": str(args.interval_ms)}
+    )
     torch.manual_seed(0)
     model = GPT()
-    job = Job(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
-              torch.randint(0, 512, (8, 64)), torch.randint(0, 512, (8, 64)))
+    job = Job(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=1e-3),
+        torch.randint(0, 512, (8, 64)),
+        torch.randint(0, 512, (8, 64)),
+    )
     for _ in range(5):
         job.step()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, {args.rounds} rounds x "
-          f"{args.block} steps per variant, push every {args.interval_ms} ms")
-    times = interleaved(job, VARIANTS, args.rounds, args.block, time.thread_time if args.clock == "cpu" else time.perf_counter)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, {args.rounds} rounds x "
+        f"{args.block} steps per variant, push every {args.interval_ms} ms"
+    )
+    times = interleaved(
+        job, VARIANTS, args.rounds, args.block, time.thread_time if args.clock == "cpu" else time.perf_counter
+    )
     cycle = bench_cycle(args.cycles)
     done.set()
     pushes = count.get(timeout=60)
     proc.join(timeout=30)
     base = statistics.median(times["start"])
     for name, ts in times.items():
-        blocks = [statistics.median(ts[i:i + args.block]) / statistics.median(times["start"][i:i + args.block])
-                  for i in range(0, len(ts), args.block)]
-        print(f"  {name:12s} median step {statistics.median(ts) * 1e3:8.2f} ms  p90 {pct(ts, 0.9) * 1e3:8.2f} ms  "
-              f"ratio {statistics.median(ts) / base:.4f}  paired ratio {statistics.median(blocks):.4f}")
-    print(f"  export cycle: p50 {pct(cycle, 0.5) * 1e3:.2f} ms  p99 {pct(cycle, 0.99) * 1e3:.2f} ms "
-          f"({len(cycle)} cycles); {pushes} pushes received in all")
+        blocks = [
+            statistics.median(ts[i : i + args.block]) / statistics.median(times["start"][i : i + args.block])
+            for i in range(0, len(ts), args.block)
+        ]
+        print(
+            f"  {name:12s} median step {statistics.median(ts) * 1e3:8.2f} ms  p90 {pct(ts, 0.9) * 1e3:8.2f} ms  "
+            f"ratio {statistics.median(ts) / base:.4f}  paired ratio {statistics.median(blocks):.4f}"
+        )
+    print(
+        f"  export cycle: p50 {pct(cycle, 0.5) * 1e3:.2f} ms  p99 {pct(cycle, 0.99) * 1e3:.2f} ms "
+        f"({len(cycle)} cycles); {pushes} pushes received in all"
+    )
 
 
 if __name__ == "__main__":

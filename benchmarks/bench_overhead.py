@@ -148,15 +148,18 @@ def _untrack_stop(job: Job) -> None:
 
 
 # What a `memexporter sweep` child sees: its /metrics read every POLL_SECONDS, by another process.
-_POLLER = ("import sys, time, urllib.request\nwhile True:\n    urllib.request.urlopen(sys.argv[1]).read()\n"
-           "    time.sleep(float(sys.argv[2]))\n")
+_POLLER = (
+    "import sys, time, urllib.request\nwhile True:\n    urllib.request.urlopen(sys.argv[1]).read()\n"
+    "    time.sleep(float(sys.argv[2]))\n"
+)
 _poll_seconds = POLL_SECONDS  # --poll-seconds
 
 
 def _start_track_poll(job: Job) -> None:
     _start_track(job)
-    job.state["poller"] = subprocess.Popen([sys.executable, "-c", _POLLER, job.state["exporter"].url, str(_poll_seconds)],
-                                           stderr=subprocess.DEVNULL)
+    job.state["poller"] = subprocess.Popen(
+        [sys.executable, "-c", _POLLER, job.state["exporter"].url, str(_poll_seconds)], stderr=subprocess.DEVNULL
+    )
     time.sleep(0.5)  # the poller's interpreter is up and scraping before the block is timed
 
 
@@ -177,8 +180,12 @@ class Scraper:
     def command(cls, line: str) -> None:
         if cls._proc is None:
             script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scraper.py")
-            cls._proc = subprocess.Popen([sys.executable, script, "paced", "--interval", "1.0"], text=True,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            cls._proc = subprocess.Popen(
+                [sys.executable, script, "paced", "--interval", "1.0"],
+                text=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
         assert cls._proc.stdin is not None and cls._proc.stdout is not None
         cls._proc.stdin.write(line + "\n")
         cls._proc.stdin.flush()
@@ -214,19 +221,31 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def bench_steps(rounds: int, block: int, batch: int, seq: int, clock: Callable[[], float] = time.perf_counter,
-                device: str = "cpu", variants: list[str] | None = None) -> dict[str, list[float]]:
+def bench_steps(
+    rounds: int,
+    block: int,
+    batch: int,
+    seq: int,
+    clock: Callable[[], float] = time.perf_counter,
+    device: str = "cpu",
+    variants: list[str] | None = None,
+) -> dict[str, list[float]]:
     torch.manual_seed(0)
     model = GPT(ctx=seq).to(device)
-    job = Job(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
-              torch.randint(0, 512, (batch, seq), device=device), torch.randint(0, 512, (batch, seq), device=device))
+    job = Job(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=1e-3),
+        torch.randint(0, 512, (batch, seq), device=device),
+        torch.randint(0, 512, (batch, seq), device=device),
+    )
     for _ in range(5):  # warm-up: allocator, optimizer state, oneDNN kernels
         job.step()
     return interleaved(job, {name: VARIANTS[name] for name in variants or VARIANTS}, rounds, block, clock)
 
 
-def interleaved(job: Job, variants: dict[str, Variant], rounds: int, block: int,
-                clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+def interleaved(
+    job: Job, variants: dict[str, Variant], rounds: int, block: int, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, list[float]]:
     """Seconds per step of each variant: ``rounds`` rounds of ``block`` timed steps each, the
     variants interleaved in one process so that drift on the machine hits them all alike."""
     names = list(variants)
@@ -260,6 +279,7 @@ def bench_scrape(modules: int, repeat: int) -> list[float]:
     def scrape() -> None:
         for fam in collector.collect(Scrape(sources)):
             assert fam.samples
+
     try:
         return timeit.repeat(scrape, number=1, repeat=repeat)
     finally:
@@ -279,12 +299,20 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--scrapes", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="cpu: the training thread's CPU time (with --threads 1: immune to a busy machine); "
-                         "wall for start+scrape, whose cost is the server thread's, not the training thread's")
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: the training thread's CPU time (with --threads 1: immune to a busy machine); "
+        "wall for start+scrape, whose cost is the server thread's, not the training thread's",
+    )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model trains (default cpu)")
-    ap.add_argument("--poll-seconds", type=float, default=POLL_SECONDS,
-                    help=f"the sweep-poll variant's interval (default {POLL_SECONDS}, as memexporter sweep)")
+    ap.add_argument(
+        "--poll-seconds",
+        type=float,
+        default=POLL_SECONDS,
+        help=f"the sweep-poll variant's interval (default {POLL_SECONDS}, as memexporter sweep)",
+    )
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
     args = ap.parse_args()
     global _poll_seconds
@@ -302,8 +330,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"cpu, {torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, {where}, {args.clock} clock, "
-          f"{args.rounds} rounds x {args.block} steps per variant, batch {args.batch} x seq {args.seq}")
+    print(
+        f"torch {torch.__version__}, {where}, {args.clock} clock, "
+        f"{args.rounds} rounds x {args.block} steps per variant, batch {args.batch} x seq {args.seq}"
+    )
     times = bench_steps(args.rounds, args.block, args.batch, args.seq, clock, args.device, variants)
     base = statistics.median(times["plain"])
     base_mean = statistics.fmean(times["plain"])
@@ -311,20 +341,28 @@ def main() -> None:
         med = statistics.median(ts)
         # Paired: the ratio of block medians within each round, then the median over rounds.
         # Robust to load that drifts between rounds (a shared CI box).
-        blocks = [statistics.median(ts[i:i + args.block]) / statistics.median(times["plain"][i:i + args.block])
-                  for i in range(0, len(ts), args.block)]
+        blocks = [
+            statistics.median(ts[i : i + args.block]) / statistics.median(times["plain"][i : i + args.block])
+            for i in range(0, len(ts), args.block)
+        ]
         # The step rate of a block (its mean step, so the one step that paid for a scrape counts)
         # against the plain block of the same round; the median over rounds.
-        rates = [statistics.fmean(times["plain"][i:i + args.block]) / statistics.fmean(ts[i:i + args.block])
-                 for i in range(0, len(ts), args.block)]
-        print(f"  {name:12s} median step {med * 1e3:8.2f} ms  p90 {pct(ts, 0.9) * 1e3:8.2f} ms  "
-              f"ratio {med / base:.4f}  paired ratio {statistics.median(blocks):.4f}  "
-              f"step rate x{base_mean / statistics.fmean(ts):.4f}  paired step rate x{statistics.median(rates):.4f}")
+        rates = [
+            statistics.fmean(times["plain"][i : i + args.block]) / statistics.fmean(ts[i : i + args.block])
+            for i in range(0, len(ts), args.block)
+        ]
+        print(
+            f"  {name:12s} median step {med * 1e3:8.2f} ms  p90 {pct(ts, 0.9) * 1e3:8.2f} ms  "
+            f"ratio {med / base:.4f}  paired ratio {statistics.median(blocks):.4f}  "
+            f"step rate x{base_mean / statistics.fmean(ts):.4f}  paired step rate x{statistics.median(rates):.4f}"
+        )
     if "start+scrape" in variants:
         print(f"  scrapes during start+scrape blocks: {Scraper.close()}")
     scrape = bench_scrape(100, args.scrapes)
-    print(f"  modules scrape, 100 modules: p50 {pct(scrape, 0.5) * 1e6:.0f} us  "
-          f"p99 {pct(scrape, 0.99) * 1e6:.0f} us  ({len(scrape)} scrapes)")
+    print(
+        f"  modules scrape, 100 modules: p50 {pct(scrape, 0.5) * 1e6:.0f} us  "
+        f"p99 {pct(scrape, 0.99) * 1e6:.0f} us  ({len(scrape)} scrapes)"
+    )
 
 
 if __name__ == "__main__":

@@ -81,12 +81,18 @@ def main() -> None:
 
     exp = memexporter.start(port=0, addr="127.0.0.1")
     per_block = steps_per_block(step, args.block)
-    print(f"{os.cpu_count()} CPUs, GPT layers=2 d=128, 1 torch thread, {args.rounds} rounds x {per_block} steps a block")
+    print(
+        f"{os.cpu_count()} CPUs, GPT layers=2 d=128, 1 torch thread, {args.rounds} rounds x {per_block} steps a block"
+    )
     print("| /live.json every | step, no page | step, page open | ratio | paired ratio | answer |")
     print("|---|---|---|---|---|---|")
     for interval in (float(s) for s in args.intervals.split(",")):
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--client", str(exp.port), str(interval)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--client", str(exp.port), str(interval)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdin is not None and proc.stdout is not None
         times: dict[str, list[float]] = {"off": [], "on": []}
         for r in range(args.rounds):
@@ -104,8 +110,10 @@ def main() -> None:
         proc.kill()
         off, on = statistics.median(times["off"]), statistics.median(times["on"])
         paired = statistics.median(b / a for a, b in zip(times["off"], times["on"], strict=True))
-        print(f"| {interval:g} s | {off * 1000:.1f} ms | {on * 1000:.1f} ms | x{on / off:.3f} | x{paired:.3f} | "
-              f"{answer_ms:.1f} ms |")
+        print(
+            f"| {interval:g} s | {off * 1000:.1f} ms | {on * 1000:.1f} ms | x{on / off:.3f} | x{paired:.3f} | "
+            f"{answer_ms:.1f} ms |"
+        )
     exp.stop()
 
 

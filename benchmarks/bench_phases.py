@@ -89,8 +89,10 @@ def main() -> None:
 
     for name in ARMS * 2:  # warm-up: allocator, caches, the first recording
         block(name)
-    print(f"GPT layers={args.layers} d={args.d} batch={args.batch} seq={args.seq}, threads={args.threads}, "
-          f"{args.rounds} rounds x {args.block} steps, CPU time of the training thread")
+    print(
+        f"GPT layers={args.layers} d={args.d} batch={args.batch} seq={args.seq}, threads={args.threads}, "
+        f"{args.rounds} rounds x {args.block} steps, CPU time of the training thread"
+    )
     times: dict[str, list[float]] = {name: [] for name in ARMS}
     for r in range(args.rounds):
         for name in ARMS if r % 2 == 0 else ARMS[::-1]:
@@ -99,11 +101,14 @@ def main() -> None:
     for name in ARMS:
         paired = statistics.median(t / q for t, q in zip(times[name], times["plain"], strict=True))
         extra = (med[name] - med["plain"]) * 1e6
-        print(f"{name:>12}: {med[name] * 1e3:8.3f} ms/step  ratio {med[name] / med['plain']:.3f} "
-              f"(paired {paired:.3f})  {extra:+7.1f} us/step")
+        print(
+            f"{name:>12}: {med[name] * 1e3:8.3f} ms/step  ratio {med[name] / med['plain']:.3f} "
+            f"(paired {paired:.3f})  {extra:+7.1f} us/step"
+        )
     arm("shipped")
     handle.remove()
     memexporter.stop()
+
 
 if __name__ == "__main__":
     main()

@@ -55,22 +55,31 @@ RUN_ID = "scale-bench"
 
 def git_files(rev: str, folder: str, suffix: str, into: Path) -> list[Path]:
     """``folder/*suffix`` as committed at ``rev``, written under ``into``."""
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{folder}"], cwd=REPO_ROOT, check=True,
-                           capture_output=True, text=True).stdout.split()
+    names = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{rev}:{folder}"], cwd=REPO_ROOT, check=True, capture_output=True, text=True
+    ).stdout.split()
     out = []
     for name in sorted(n for n in names if n.endswith(suffix)):
         path = into / folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(subprocess.run(["git", "show", f"{rev}:{folder}/{name}"], cwd=REPO_ROOT, check=True,
-                                        capture_output=True).stdout)
+        path.write_bytes(
+            subprocess.run(
+                ["git", "show", f"{rev}:{folder}/{name}"], cwd=REPO_ROOT, check=True, capture_output=True
+            ).stdout
+        )
         out.append(path)
     return out
 
 
-def setup(before: bool, ranks: list[int], tmp: Path, cache: Path | None) -> tuple[dict[str, Template], list[Path], dict[str, str]]:
+def setup(
+    before: bool, ranks: list[int], tmp: Path, cache: Path | None
+) -> tuple[dict[str, Template], list[Path], dict[str, str]]:
     """Templates, rule files and dashboards (name -> JSON text) of the mode."""
     if before:
-        rules, dashboards = git_files(BEFORE, "alerts", ".yml", tmp), git_files(BEFORE, "grafana/dashboards", ".json", tmp)
+        rules, dashboards = (
+            git_files(BEFORE, "alerts", ".yml", tmp),
+            git_files(BEFORE, "grafana/dashboards", ".json", tmp),
+        )
     else:
         rules = sorted((REPO_ROOT / "alerts").glob("*.yml"))
         dashboards = sorted((REPO_ROOT / "grafana" / "dashboards").glob("*.json"))
@@ -88,8 +97,15 @@ def setup(before: bool, ranks: list[int], tmp: Path, cache: Path | None) -> tupl
     return templates, rules, {p.name: p.read_text() for p in dashboards}
 
 
-def scenario(args: argparse.Namespace, n: int, name: str, templates: dict[str, Template], rules: list[Path],
-             dashboards: dict[str, str], tmp: Path) -> dict[str, Any]:
+def scenario(
+    args: argparse.Namespace,
+    n: int,
+    name: str,
+    templates: dict[str, Template],
+    rules: list[Path],
+    dashboards: dict[str, str],
+    tmp: Path,
+) -> dict[str, Any]:
     """One (N, scenario) run from an empty TSDB; the measurements as a dict."""
     t_start = time.monotonic()
     sim = RankSim(templates, n, "before" if args.before else "after", RUN_ID, refresh_seconds=args.scrape_interval)
@@ -110,8 +126,9 @@ def scenario(args: argparse.Namespace, n: int, name: str, templates: dict[str, T
             blocks += out["firing_restore"]["alerts"] > 0
         if args.rule_history:
             print(f"[scale] N={n} {name}: backfilling the recording rules", flush=True)
-            out["rule_history"] = rule_history(tmp / "rules", data, rules, end - args.history_hours * 3600, end,
-                                               args.scrape_interval)
+            out["rule_history"] = rule_history(
+                tmp / "rules", data, rules, end - args.history_hours * 3600, end, args.scrape_interval
+            )
             blocks += out["rule_history"]["levels"]
         if blocks > 1:
             print(f"[scale] N={n} {name}: letting Prometheus compact the {blocks} overlapping blocks", flush=True)
@@ -122,18 +139,23 @@ def scenario(args: argparse.Namespace, n: int, name: str, templates: dict[str, T
         # lookback of the last sample (the alerts it restores must be active at its second evaluation).
         caught = end + (time.time() - end) // args.scrape_interval * args.scrape_interval
         if caught > end:
-            out["catch_up"] = raw_history(sim, servers.targets, data, caught, (caught - end) / 3600, args.scrape_interval)
+            out["catch_up"] = raw_history(
+                sim, servers.targets, data, caught, (caught - end) / 3600, args.scrape_interval
+            )
             if args.rule_history:
-                out["catch_up"]["rules"] = rule_history(tmp / "rules-catch-up", data, rules, end, caught,
-                                                        args.scrape_interval)
+                out["catch_up"]["rules"] = rule_history(
+                    tmp / "rules-catch-up", data, rules, end, caught, args.scrape_interval
+                )
             end = caught
         t0 = time.monotonic()
         with Prom(tmp / "prom", data, servers.targets, rules, args.scrape_interval) as prom:
             out["prometheus_ready_s"] = round(time.monotonic() - t0, 1)
             out["targets_up_s"] = round(prom.wait_up(n, timeout=max(120.0, 4 * args.scrape_interval)), 1)
             out["history_gap_s"] = round(time.time() - end, 1)
-            print(f"[scale] N={n} {name}: {n} targets up; warm-up {args.warmup:g} s, measuring {args.measure:g} s",
-                  flush=True)
+            print(
+                f"[scale] N={n} {name}: {n} targets up; warm-up {args.warmup:g} s, measuring {args.measure:g} s",
+                flush=True,
+            )
             # The catch-up's blocks overlap: Prometheus compacts them a minute after it starts (a few seconds'
             # work), within the default warm-up.
             time.sleep(args.warmup)
@@ -141,10 +163,17 @@ def scenario(args: argparse.Namespace, n: int, name: str, templates: dict[str, T
             if name == "quiet" and args.repeats > 0:
                 range_s = args.range_hours * 3600
                 queries = None if args.before else from_helper(dashboards, RUN_ID, range_s, args.scrape_interval)
-                out["query_source"] = "memexporter.dashboards.panel_queries" if queries is not None else "dashboard JSON"
+                out["query_source"] = (
+                    "memexporter.dashboards.panel_queries" if queries is not None else "dashboard JSON"
+                )
                 if queries is None:
-                    queries = from_json(dashboards, RUN_ID, lambda sel, label: label_values(prom, sel, label), range_s,
-                                        args.scrape_interval)
+                    queries = from_json(
+                        dashboards,
+                        RUN_ID,
+                        lambda sel, label: label_values(prom, sel, label),
+                        range_s,
+                        args.scrape_interval,
+                    )
                 print(f"[scale] N={n}: timing {len(queries)} dashboard queries x {args.repeats}", flush=True)
                 out["queries"] = time_queries(prom, queries, args.repeats, args.range_hours * 3600)
             out["peak_rss_end_bytes"] = prom.peak_rss()  # after the queries too
@@ -166,8 +195,12 @@ def exported(sim: RankSim) -> dict[str, Any]:
     kinds = [sim.kind(r) for r in range(sim.ranks)]
     per_kind = {k: sum(1 for _ in sim.series(kinds.index(k))) for k in sorted(set(kinds))}
     total = sum(per_kind[k] for k in kinds)
-    return {"per_kind": per_kind, "ranks_per_kind": {k: kinds.count(k) for k in per_kind},
-            "average": round(total / sim.ranks, 1), "total": total}
+    return {
+        "per_kind": per_kind,
+        "ranks_per_kind": {k: kinds.count(k) for k in per_kind},
+        "average": round(total / sim.ranks, 1),
+        "total": total,
+    }
 
 
 def main() -> None:
@@ -178,18 +211,37 @@ def main() -> None:
     p.add_argument("--scrape-interval", type=float, default=15.0, help="seconds (default 15)")
     p.add_argument("--history-hours", type=float, default=6.0, help="history written before the start (default 6)")
     p.add_argument("--range-hours", type=float, default=6.0, help="dashboard time range (default 6)")
-    p.add_argument("--warmup", type=float, default=120.0, help="seconds of live scraping before measuring (default 120)")
+    p.add_argument(
+        "--warmup", type=float, default=120.0, help="seconds of live scraping before measuring (default 120)"
+    )
     p.add_argument("--measure", type=float, default=120.0, help="seconds of steady state measured (default 120)")
-    p.add_argument("--repeats", type=int, default=7, help="timed passes over the dashboard queries (default 7; 0: none)")
-    p.add_argument("--no-rule-history", dest="rule_history", action="store_false",
-                   help="skip the recording rules' backfill (their series then start with the live run)")
-    p.add_argument("--no-firing", dest="firing", action="store_false",
-                   help="leave the leak scenarios' alerts pending (their for: has not elapsed) instead of restoring "
-                        "them as firing from ALERTS_FOR_STATE")
-    p.add_argument("--hold", type=float, default=0.0,
-                   help="after measuring, keep Prometheus and the ranks up this many seconds (to try queries by hand)")
-    p.add_argument("--templates", type=Path,
-                   help="cache of the exporter's expositions (JSON; made if missing: delete it when the exporter changes)")
+    p.add_argument(
+        "--repeats", type=int, default=7, help="timed passes over the dashboard queries (default 7; 0: none)"
+    )
+    p.add_argument(
+        "--no-rule-history",
+        dest="rule_history",
+        action="store_false",
+        help="skip the recording rules' backfill (their series then start with the live run)",
+    )
+    p.add_argument(
+        "--no-firing",
+        dest="firing",
+        action="store_false",
+        help="leave the leak scenarios' alerts pending (their for: has not elapsed) instead of restoring "
+        "them as firing from ALERTS_FOR_STATE",
+    )
+    p.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        help="after measuring, keep Prometheus and the ranks up this many seconds (to try queries by hand)",
+    )
+    p.add_argument(
+        "--templates",
+        type=Path,
+        help="cache of the exporter's expositions (JSON; made if missing: delete it when the exporter changes)",
+    )
     p.add_argument("--json", type=Path, help="write the results here (after each scenario)")
     p.add_argument("--markdown", type=Path, help="write the report's tables here too")
     args = p.parse_args()

@@ -31,7 +31,9 @@ import memexporter
 
 def model_with_modules(blocks: int, device: str) -> nn.Module:
     # Each block is 4 modules (Sequential, Linear, GELU, Linear): blocks=25 gives ~100 modules.
-    return nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64)) for _ in range(blocks))).to(device)
+    return nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64)) for _ in range(blocks))).to(
+        device
+    )
 
 
 def percentiles(xs: list[float]) -> tuple[float, float]:
@@ -78,15 +80,35 @@ def concurrent(scrapers: int, seconds: float, device: str) -> dict[str, float]:
         opt.zero_grad()
     scraper = Path(__file__).with_name("scraper.py")
     cpu0 = time.process_time()  # this process: the exporter's threads serving the scrapes, nothing else
-    out = subprocess.run([sys.executable, str(scraper), "concurrent", exp.url or "", "--scrapers", str(scrapers),
-                          "--seconds", str(seconds)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(scraper),
+            "concurrent",
+            exp.url or "",
+            "--scrapers",
+            str(scrapers),
+            "--seconds",
+            str(seconds),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     cpu = time.process_time() - cpu0
     handle.remove()
     exp.stop()
     result = json.loads(out.stdout)
     xs = sorted(result["latencies"])
-    return {"p50": statistics.median(xs), "p99": xs[min(len(xs) - 1, int(0.99 * len(xs)))], "max": xs[-1],
-            "rate": result["rate"], "errors": result["errors"], "n": len(xs), "cpu": cpu / max(1, len(xs))}
+    return {
+        "p50": statistics.median(xs),
+        "p99": xs[min(len(xs) - 1, int(0.99 * len(xs)))],
+        "max": xs[-1],
+        "rate": result["rate"],
+        "errors": result["errors"],
+        "n": len(xs),
+        "cpu": cpu / max(1, len(xs)),
+    }
 
 
 def main() -> None:
@@ -103,14 +125,18 @@ def main() -> None:
     print(f"{'tracked modules':>16} | {'collect p50':>11} | {'collect p99':>11} | {'HTTP p50':>9} | {'HTTP p99':>9}")
     for track in (False, True):
         r = measure(25, track, args.scrapes, args.device)
-        print(f"{r['rows'][0]:>16.0f} | {r['collect'][0]:>9.0f}us | {r['collect'][1]:>9.0f}us | "
-              f"{r['http'][0]:>7.0f}us | {r['http'][1]:>7.0f}us")
+        print(
+            f"{r['rows'][0]:>16.0f} | {r['collect'][0]:>9.0f}us | {r['collect'][1]:>9.0f}us | "
+            f"{r['http'][0]:>7.0f}us | {r['http'][1]:>7.0f}us"
+        )
     if args.concurrency:
         c = concurrent(args.concurrency, args.seconds, args.device)
-        print(f"{args.concurrency} concurrent scrapers for {args.seconds:g} s (100 tracked modules): "
-              f"p50 {c['p50'] * 1e3:.1f} ms, p99 {c['p99'] * 1e3:.1f} ms, max {c['max'] * 1e3:.1f} ms, "
-              f"{c['rate']:.0f} scrapes/s, {c['n']:.0f} scrapes, {c['errors']:.0f} errors; "
-              f"exporter CPU {c['cpu'] * 1e3:.2f} ms per scrape")
+        print(
+            f"{args.concurrency} concurrent scrapers for {args.seconds:g} s (100 tracked modules): "
+            f"p50 {c['p50'] * 1e3:.1f} ms, p99 {c['p99'] * 1e3:.1f} ms, max {c['max'] * 1e3:.1f} ms, "
+            f"{c['rate']:.0f} scrapes/s, {c['n']:.0f} scrapes, {c['errors']:.0f} errors; "
+            f"exporter CPU {c['cpu'] * 1e3:.2f} ms per scrape"
+        )
 
 
 if __name__ == "__main__":

@@ -66,10 +66,14 @@ def run(capacity: int, steps: int) -> dict[str, float]:
     assert abs(est.leak_bytes_per_step / (8 * MIB) - 1) < 0.01, est
     assert len(window) == capacity
     return {
-        "add_first_us": median(add_first) * 1e6, "add_last_us": median(add_last) * 1e6,
-        "snapshot_us": median(snap_s) * 1e6, "estimate_ms": median(est_s) * 1e3,
+        "add_first_us": median(add_first) * 1e6,
+        "add_last_us": median(add_last) * 1e6,
+        "snapshot_us": median(snap_s) * 1e6,
+        "estimate_ms": median(est_s) * 1e3,
         "estimate_p99_ms": sorted(est_s)[int(0.99 * (len(est_s) - 1))] * 1e3,
-        "rss_start_mib": rss_start / MIB, "rss_mid_mib": rss_mid / MIB, "rss_end_mib": rss_end / MIB,
+        "rss_start_mib": rss_start / MIB,
+        "rss_mid_mib": rss_mid / MIB,
+        "rss_end_mib": rss_end / MIB,
     }
 
 
@@ -77,20 +81,43 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10**6, help="simulated steps per window size (multiple of 10000)")
     args = p.parse_args()
-    print(f"bench_trend: {args.steps} synthetic steps, estimate every {SCRAPE_EVERY} steps, "
-          f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} CPUs")
-    header = ("capacity", "add first us", "add last us", "last/first", "snapshot us", "estimate ms", "est p99 ms",
-              "RSS start MiB", "RSS mid MiB", "RSS end MiB", "end/mid")
+    print(
+        f"bench_trend: {args.steps} synthetic steps, estimate every {SCRAPE_EVERY} steps, "
+        f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} CPUs"
+    )
+    header = (
+        "capacity",
+        "add first us",
+        "add last us",
+        "last/first",
+        "snapshot us",
+        "estimate ms",
+        "est p99 ms",
+        "RSS start MiB",
+        "RSS mid MiB",
+        "RSS end MiB",
+        "end/mid",
+    )
     print(" | ".join(header))
     for capacity in (200, 100_000):
         r = run(capacity, args.steps)
-        print(" | ".join([
-            f"{capacity:>8}", f"{r['add_first_us']:12.3f}", f"{r['add_last_us']:11.3f}",
-            f"{r['add_last_us'] / r['add_first_us']:10.2f}", f"{r['snapshot_us']:11.1f}", f"{r['estimate_ms']:11.3f}",
-            f"{r['estimate_p99_ms']:10.3f}",
-            f"{r['rss_start_mib']:13.1f}", f"{r['rss_mid_mib']:11.1f}", f"{r['rss_end_mib']:11.1f}",
-            f"{r['rss_end_mib'] / r['rss_mid_mib']:7.3f}",
-        ]))
+        print(
+            " | ".join(
+                [
+                    f"{capacity:>8}",
+                    f"{r['add_first_us']:12.3f}",
+                    f"{r['add_last_us']:11.3f}",
+                    f"{r['add_last_us'] / r['add_first_us']:10.2f}",
+                    f"{r['snapshot_us']:11.1f}",
+                    f"{r['estimate_ms']:11.3f}",
+                    f"{r['estimate_p99_ms']:10.3f}",
+                    f"{r['rss_start_mib']:13.1f}",
+                    f"{r['rss_mid_mib']:11.1f}",
+                    f"{r['rss_end_mib']:11.1f}",
+                    f"{r['rss_end_mib'] / r['rss_mid_mib']:7.3f}",
+                ]
+            )
+        )
     print("Medians over 1000-step blocks (100 blocks per 100k steps) and over scrapes. The add time includes")
     print("the loop's own work (building one point), so it is an upper bound on add().")
 

@@ -25,8 +25,9 @@ from tests.support.ranksim import Trajectory
 from tests.support.tsdb_blocks import write_block
 
 
-def restore_as_firing(workdir: Path, data: Path, rule_files: Sequence[Path], end: float, eval_s: float,
-                      rounds: int = 3) -> dict[str, Any]:
+def restore_as_firing(
+    workdir: Path, data: Path, rule_files: Sequence[Path], end: float, eval_s: float, rounds: int = 3
+) -> dict[str, Any]:
     """Probe the active alerts at the history's end (``end``, Unix s; it must be under 5 minutes
     old: the lookback) and write their ``ALERTS_FOR_STATE``; returns how many and how long it took."""
     t0 = time.monotonic()
@@ -48,6 +49,7 @@ def restore_as_firing(workdir: Path, data: Path, rule_files: Sequence[Path], end
         count = int(3600 / eval_s) - 1
         ts = [int((end - (count - 1 - i) * eval_s) * 1000) for i in range(count)]
         since = Trajectory(end - 3 * 3600)  # pending for 3 h: longer than any alert's for
-        write_block(data, [((("__name__", "ALERTS_FOR_STATE"), *sorted(a["labels"].items())), since)
-                           for a in alerts], ts)
+        write_block(
+            data, [((("__name__", "ALERTS_FOR_STATE"), *sorted(a["labels"].items())), since) for a in alerts], ts
+        )
     return {"alerts": len(alerts), "seconds": round(time.monotonic() - t0, 1)}

@@ -40,8 +40,9 @@ def _series(sim: RankSim, targets: Sequence[str], job: str) -> Iterator[tuple[La
             yield (("__name__", name), *target, *labels.items()), traj
 
 
-def raw_history(sim: RankSim, targets: Sequence[str], data: Path, end: float, hours: float, step_s: float,
-                job: str = "memexporter") -> dict[str, Any]:
+def raw_history(
+    sim: RankSim, targets: Sequence[str], data: Path, end: float, hours: float, step_s: float, job: str = "memexporter"
+) -> dict[str, Any]:
     """Write the ranks' history from ``end - hours`` to ``end`` (Unix s) every ``step_s`` into ``data``."""
     t0 = time.monotonic()
     count = round(hours * 3600 / step_s)
@@ -49,8 +50,12 @@ def raw_history(sim: RankSim, targets: Sequence[str], data: Path, end: float, ho
     block = write_block(data, _series(sim, targets, job), ts)
     (data / "wal").mkdir(exist_ok=True)
     meta = json.loads((block / "meta.json").read_text())
-    return {"seconds": round(time.monotonic() - t0, 1), "series": meta["stats"]["numSeries"],
-            "samples": meta["stats"]["numSamples"], "bytes": sum(f.stat().st_size for f in block.rglob("*") if f.is_file())}
+    return {
+        "seconds": round(time.monotonic() - t0, 1),
+        "series": meta["stats"]["numSeries"],
+        "samples": meta["stats"]["numSamples"],
+        "bytes": sum(f.stat().st_size for f in block.rglob("*") if f.is_file()),
+    }
 
 
 def recording_levels(rule_files: Sequence[Path]) -> list[dict[str, Any]]:
@@ -72,14 +77,20 @@ def recording_levels(rule_files: Sequence[Path]) -> list[dict[str, Any]]:
         pending = [r for r in pending if r not in progress]
     out = []
     for k in range(max(level.values(), default=-1) + 1):
-        kept = [{**{key: v for key, v in g.items() if key != "rules"},
-                 "rules": [r for r in g["rules"] if "record" in r and level[r["record"]] == k]} for g in groups]
+        kept = [
+            {
+                **{key: v for key, v in g.items() if key != "rules"},
+                "rules": [r for r in g["rules"] if "record" in r and level[r["record"]] == k],
+            }
+            for g in groups
+        ]
         out.append({"groups": [g for g in kept if g["rules"]]})
     return out
 
 
-def rule_history(workdir: Path, data: Path, rule_files: Sequence[Path], start: float, end: float,
-                 eval_s: float) -> dict[str, Any]:
+def rule_history(
+    workdir: Path, data: Path, rule_files: Sequence[Path], start: float, end: float, eval_s: float
+) -> dict[str, Any]:
     """Backfill the recording rules over ``[start, end]`` into ``data`` (see the module doc); the
     blocks overlap the history's: ``settle`` them before measuring."""
     t0 = time.monotonic()
@@ -90,9 +101,23 @@ def rule_history(workdir: Path, data: Path, rule_files: Sequence[Path], start: f
         path.write_text(yaml.safe_dump(rules, sort_keys=False))
         with Prom(workdir / f"backfill-{k}", data, []) as prom:
             done = subprocess.run(
-                [binary("promtool"), "tsdb", "create-blocks-from", "rules", f"--start={int(start)}",
-                 f"--end={int(end)}", f"--url={prom.url}", f"--output-dir={out}", f"--eval-interval={int(eval_s)}s",
-                 str(path)], capture_output=True, text=True, timeout=3600, check=False)
+                [
+                    binary("promtool"),
+                    "tsdb",
+                    "create-blocks-from",
+                    "rules",
+                    f"--start={int(start)}",
+                    f"--end={int(end)}",
+                    f"--url={prom.url}",
+                    f"--output-dir={out}",
+                    f"--eval-interval={int(eval_s)}s",
+                    str(path),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=3600,
+                check=False,
+            )
         if done.returncode != 0:
             raise RuntimeError(f"promtool create-blocks-from rules (level {k}) failed:\n{done.stderr[-3000:]}")
         for block in out.iterdir():

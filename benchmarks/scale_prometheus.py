@@ -49,12 +49,14 @@ class Answer:
 class Prom:
     """A Prometheus over ``data`` (see the module doc); ``targets`` empty: no scraping, no rules."""
 
-    def __init__(self, workdir: Path, data: Path, targets: Sequence[str], rule_files: Sequence[Path] = (),
-                 scrape_s: float = 15.0) -> None:
+    def __init__(
+        self, workdir: Path, data: Path, targets: Sequence[str], rule_files: Sequence[Path] = (), scrape_s: float = 15.0
+    ) -> None:
         self.workdir, self.data = workdir, data
         workdir.mkdir(parents=True, exist_ok=True)
-        config = prometheus_config(targets, rule_files, scrape_interval=f"{scrape_s:g}s",
-                                   evaluation_interval=f"{scrape_s:g}s")
+        config = prometheus_config(
+            targets, rule_files, scrape_interval=f"{scrape_s:g}s", evaluation_interval=f"{scrape_s:g}s"
+        )
         config["global"]["scrape_timeout"] = f"{min(scrape_s, 10.0):g}s"  # Prometheus' default, at most
         self.config_file = workdir / "prometheus.yml"
         self.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -62,10 +64,20 @@ class Prom:
         self._started: float | None = None
 
     def __enter__(self) -> Prom:
-        argv = [binary("prometheus"), f"--config.file={self.config_file}", f"--storage.tsdb.path={self.data}",
-                "--web.enable-lifecycle"]
-        port, self.proc = start_on_free_port(self._stack, lambda p: [*argv, f"--web.listen-address=127.0.0.1:{p}"],
-                                             "/-/ready", self.workdir / "prometheus.log", what="prometheus", timeout=600)
+        argv = [
+            binary("prometheus"),
+            f"--config.file={self.config_file}",
+            f"--storage.tsdb.path={self.data}",
+            "--web.enable-lifecycle",
+        ]
+        port, self.proc = start_on_free_port(
+            self._stack,
+            lambda p: [*argv, f"--web.listen-address=127.0.0.1:{p}"],
+            "/-/ready",
+            self.workdir / "prometheus.log",
+            what="prometheus",
+            timeout=600,
+        )
         self.url = f"http://127.0.0.1:{port}"
         return self
 
@@ -129,8 +141,10 @@ class Prom:
 
     def rule_groups(self) -> dict[str, tuple[str, float]]:
         """``group name -> (lastEvaluation, evaluationTime in s)`` as ``/api/v1/rules`` says now."""
-        return {g["name"]: (g.get("lastEvaluation", ""), float(g.get("evaluationTime", 0.0)))
-                for g in self.api("rules")["groups"]}
+        return {
+            g["name"]: (g.get("lastEvaluation", ""), float(g.get("evaluationTime", 0.0)))
+            for g in self.api("rules")["groups"]
+        }
 
     def scalar(self, expr: str) -> float:
         """An instant query's single value (0 when the result is empty)."""

@@ -64,13 +64,19 @@ def _duration(seconds: float) -> str:
     return f"{int(seconds)}s"
 
 
-def from_json(dashboards: dict[str, str], run_id: str, values_of: Callable[[str, str], list[str]],
-              range_s: float, scrape_s: float) -> list[Query]:
+def from_json(
+    dashboards: dict[str, str], run_id: str, values_of: Callable[[str, str], list[str]], range_s: float, scrape_s: float
+) -> list[Query]:
     """The queries of ``dashboards`` (file name -> JSON text); ``values_of(metric_selector, label)``
     lists a variable's values (a ``label_values`` answer) when All has no ``allValue``."""
     step = grafana_step(range_s, scrape_s)
-    base = {"__interval": _duration(step), "__rate_interval": _duration(rate_interval(step, scrape_s)),
-            "__range": _duration(range_s), "__range_s": str(int(range_s)), "__interval_ms": str(int(step * 1000))}
+    base = {
+        "__interval": _duration(step),
+        "__rate_interval": _duration(rate_interval(step, scrape_s)),
+        "__range": _duration(range_s),
+        "__range_s": str(int(range_s)),
+        "__interval_ms": str(int(step * 1000)),
+    }
     out: list[Query] = []
     for name, text in sorted(dashboards.items()):
         dash, table = json.loads(text), dict(base)
@@ -81,7 +87,9 @@ def from_json(dashboards: dict[str, str], run_id: str, values_of: Callable[[str,
                 filled = _fill(query, table)
                 m = _LABEL_VALUES.match(filled)
                 if m:
-                    out.append(Query(name, f"variable: {vname}", "variable", (m.group(1) or "").strip(), 0.0, m.group(2)))
+                    out.append(
+                        Query(name, f"variable: {vname}", "variable", (m.group(1) or "").strip(), 0.0, m.group(2))
+                    )
                 if "run" in vname:
                     table[vname] = run_id
                 elif var.get("allValue"):
@@ -97,12 +105,27 @@ def from_json(dashboards: dict[str, str], run_id: str, values_of: Callable[[str,
                 if not target.get("expr"):
                     continue
                 instant = bool(target.get("instant")) and not target.get("range")
-                out.append(Query(name, panel.get("title", ""), "instant" if instant else "range",
-                                 _fill(target["expr"], table), 0.0 if instant else step, collapsed=collapsed))
+                out.append(
+                    Query(
+                        name,
+                        panel.get("title", ""),
+                        "instant" if instant else "range",
+                        _fill(target["expr"], table),
+                        0.0 if instant else step,
+                        collapsed=collapsed,
+                    )
+                )
         for ann in dash.get("annotations", {}).get("list", []):
             if ann.get("expr"):
-                out.append(Query(name, f"annotation: {ann.get('name', '')}", "annotation", _fill(ann["expr"], table),
-                                 ANNOTATION_STEP))
+                out.append(
+                    Query(
+                        name,
+                        f"annotation: {ann.get('name', '')}",
+                        "annotation",
+                        _fill(ann["expr"], table),
+                        ANNOTATION_STEP,
+                    )
+                )
     return out
 
 
@@ -121,6 +144,14 @@ def from_helper(dashboards: dict[str, str], run_id: str, range_s: float, scrape_
         if q.panel.startswith("annotation: "):
             out.append(Query(q.dashboard, q.panel, "annotation", expr, ANNOTATION_STEP))
         else:
-            out.append(Query(q.dashboard, q.panel, "instant" if q.instant else "range", expr,
-                             0.0 if q.instant else step, collapsed=q.collapsed))
+            out.append(
+                Query(
+                    q.dashboard,
+                    q.panel,
+                    "instant" if q.instant else "range",
+                    expr,
+                    0.0 if q.instant else step,
+                    collapsed=q.collapsed,
+                )
+            )
     return out

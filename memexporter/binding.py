@@ -36,34 +36,51 @@ class PortAdvice:
         if self.origin == "argument":
             if self.hint.startswith("--"):  # `memexporter run --port`, the demo
                 return f"it comes from {self.hint.split()[0]} {self.base}: pass another base port there"
-            return (f"it comes from the argument port={self.base} in the code (start(), or a callback's port=), which "
-                    f"MEMEXPORTER_PORT does not override: change it there, or pass port=None to let MEMEXPORTER_PORT "
-                    f"choose (default {DEFAULT_PORT})")
+            return (
+                f"it comes from the argument port={self.base} in the code (start(), or a callback's port=), which "
+                f"MEMEXPORTER_PORT does not override: change it there, or pass port=None to let MEMEXPORTER_PORT "
+                f"choose (default {DEFAULT_PORT})"
+            )
         if self.origin == "environment":
             return f"it comes from MEMEXPORTER_PORT={self.base}: set MEMEXPORTER_PORT to another base port"
         return f"{self.base} is the default base port: choose another with {self.hint}"
 
 
-def bind(registry: CollectorRegistry, config: Config, port: int, stats: ConnectionStats, advice: PortAdvice,
-          routes: dict[str, Route] | None = None, history: History | None = None) -> Server | None:
+def bind(
+    registry: CollectorRegistry,
+    config: Config,
+    port: int,
+    stats: ConnectionStats,
+    advice: PortAdvice,
+    routes: dict[str, Route] | None = None,
+    history: History | None = None,
+) -> Server | None:
     """Serve, or log why not and go on (``strict``: raise). A bad address or bad TLS files
     raise ``ValueError`` either way: they are bad arguments, not a busy machine."""
     try:
-        return serve(registry, port, config.addr, config.certfile, config.keyfile, routes=routes, stats=stats,
-                     history=history)
+        return serve(
+            registry, port, config.addr, config.certfile, config.keyfile, routes=routes, stats=stats, history=history
+        )
     except OSError as exc:
         where = f"{config.addr}:{port}"
         rank_port = f" (base port {advice.base} + LOCAL_RANK)" if port != advice.base else ""
         if exc.errno == errno.EADDRINUSE:
-            cause = (f"port {port}{rank_port} is already in use; {advice.where()}. Each rank binds port + LOCAL_RANK; "
-                     f"NVIDIA dcgm-exporter also defaults to {DEFAULT_PORT}")
+            cause = (
+                f"port {port}{rank_port} is already in use; {advice.where()}. Each rank binds port + LOCAL_RANK; "
+                f"NVIDIA dcgm-exporter also defaults to {DEFAULT_PORT}"
+            )
         elif exc.errno == errno.EACCES:
-            cause = (f"no permission to bind port {port}{rank_port} (ports below 1024 need privileges); "
-                     f"use a port above 1023: {advice.where()}")
+            cause = (
+                f"no permission to bind port {port}{rank_port} (ports below 1024 need privileges); "
+                f"use a port above 1023: {advice.where()}"
+            )
         else:
             cause = f"{exc.strerror or exc}"
         if config.strict:
             raise OSError(exc.errno, f"memexporter: cannot serve metrics on {where}: {cause}") from exc
-        log.error("memexporter: cannot serve metrics on %s: %s. Training continues without the /metrics endpoint.",
-                  where, cause)
+        log.error(
+            "memexporter: cannot serve metrics on %s: %s. Training continues without the /metrics endpoint.",
+            where,
+            cause,
+        )
         return None

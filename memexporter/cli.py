@@ -27,12 +27,22 @@ def _add_knob_options(p: argparse.ArgumentParser) -> None:
         flag = "--" + knob.name.replace("_", "-")
         # argparse formats help with %: escape the docs' own.
         if knob.boolean:  # --strict / --no-strict; unset: the environment, then the default
-            p.add_argument(flag, dest=knob.name, default=None, action=argparse.BooleanOptionalAction,
-                           help=f"{knob.doc} (env {knob.env}=1/0; default {str(knob.default).lower()})".replace("%", "%%"))
+            p.add_argument(
+                flag,
+                dest=knob.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=f"{knob.doc} (env {knob.env}=1/0; default {str(knob.default).lower()})".replace("%", "%%"),
+            )
         else:
             values = f" Values: {knob.values}." if knob.values else ""
-            p.add_argument(flag, dest=knob.name, default=None, metavar=knob.name.upper(),
-                           help=f"{knob.doc}{values} (env {knob.env}; default {knob.default!r})".replace("%", "%%"))
+            p.add_argument(
+                flag,
+                dest=knob.name,
+                default=None,
+                metavar=knob.name.upper(),
+                help=f"{knob.doc}{values} (env {knob.env}; default {knob.default!r})".replace("%", "%%"),
+            )
 
 
 def _missing_target(target: str, module: bool) -> str | None:
@@ -123,10 +133,17 @@ def _demo(argv: list[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="memexporter", description="PyTorch training memory on a Prometheus /metrics endpoint.")
+    parser = argparse.ArgumentParser(
+        prog="memexporter", description="PyTorch training memory on a Prometheus /metrics endpoint."
+    )
     parser.add_argument("--version", action="version", version=f"memexporter {__version__}")
-    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="level of memexporter's own messages (default: INFO)")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="level of memexporter's own messages (default: INFO)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     # The demo's options are parsed by its own parser (_demo): building it imports torch, which
@@ -162,8 +179,12 @@ def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, res
     top-level usage (argparse leaves a subcommand's unknown options to the top-level parser)."""
     sub: argparse.ArgumentParser = getattr(args, "subparsers", {}).get(args.command, parser)
     known = list(sub._option_string_actions)  # argparse has no public list of a parser's options
-    hints = [f"{bad} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(bad.split("=")[0], known, 1))
-             else bad for bad in rest]
+    hints = [
+        f"{bad} (did you mean {close[0]}?)"
+        if (close := difflib.get_close_matches(bad.split("=")[0], known, 1))
+        else bad
+        for bad in rest
+    ]
     sub.error(f"unrecognized arguments: {' '.join(hints)}")
 
 

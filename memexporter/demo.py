@@ -79,8 +79,10 @@ def _extra_bytes(spec: tuple[int, int] | None, rank: int) -> int:
 def run(args: argparse.Namespace) -> int:
     """Train until ``--steps`` (0: until interrupted), printing a progress line every second."""
     if args.d_model % HEADS:
-        print(f"memexporter demo: --d-model must be a multiple of {HEADS} (the attention heads), got {args.d_model}",
-              file=sys.stderr)
+        print(
+            f"memexporter demo: --d-model must be a multiple of {HEADS} (the attention heads), got {args.d_model}",
+            file=sys.stderr,
+        )
         return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("memexporter demo: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
@@ -99,15 +101,26 @@ def run(args: argparse.Namespace) -> int:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     limit = args.memory_limit_mib * MiB if args.memory_limit_mib else None
-    exp = exporter.start(port=args.port, addr=args.addr, memory_limit_bytes=limit, warmup_steps=args.warmup_steps,
-                         port_hint="--port or MEMEXPORTER_PORT")
+    exp = exporter.start(
+        port=args.port,
+        addr=args.addr,
+        memory_limit_bytes=limit,
+        warmup_steps=args.warmup_steps,
+        port_hint="--port or MEMEXPORTER_PORT",
+    )
     if not args.no_track:
         exp.tracked.append(memexporter.track(model, opt))
     mem_device = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
-    where = (f"open {exp.url.removesuffix('/metrics')}/ in a browser (metrics at {exp.url})" if exp.url else
-             "metrics " + ("(push only: http=False)" if not exp.config.http else "(not serving: see the error above)"))
-    print(f"memexporter demo: training a {sum(p.numel() for p in model.parameters()):,}-parameter GPT on {mem_device}; "
-          f"{where}", flush=True)
+    where = (
+        f"open {exp.url.removesuffix('/metrics')}/ in a browser (metrics at {exp.url})"
+        if exp.url
+        else "metrics " + ("(push only: http=False)" if not exp.config.http else "(not serving: see the error above)")
+    )
+    print(
+        f"memexporter demo: training a {sum(p.numel() for p in model.parameters()):,}-parameter GPT on {mem_device}; "
+        f"{where}",
+        flush=True,
+    )
     kept: list[torch.Tensor] = []
     if extra := _extra_bytes(args.rank_extra_mib, rank):
         kept.append(torch.ones(extra // 4, dtype=torch.float32, device=device))
@@ -124,14 +137,19 @@ def run(args: argparse.Namespace) -> int:
             step += 1
             if args.leak_mib_per_step:
                 # ones(), not empty(): on the CPU untouched pages never become resident.
-                gpt.leak_store.append(torch.ones(int(args.leak_mib_per_step * MiB) // 4, dtype=torch.float32, device=device))
+                gpt.leak_store.append(
+                    torch.ones(int(args.leak_mib_per_step * MiB) // 4, dtype=torch.float32, device=device)
+                )
             if args.eval_every and step % args.eval_every == 0:
                 with memexporter.phase("eval"), torch.no_grad():
                     model(torch.randint(0, 512, (args.batch_size * 4, args.seq_len), device=device))
             used, lim, text = _status(exp, mem_device)
             if limit is not None and used >= lim:
-                print(f"memexporter demo: simulated OOM at step {step}: {text}. Stopping before the machine is hurt.",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"memexporter demo: simulated OOM at step {step}: {text}. Stopping before the machine is hurt.",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return SIMULATED_OOM_EXIT
             if time.monotonic() - last_print >= 1.0:
                 last_print = time.monotonic()
@@ -139,8 +157,11 @@ def run(args: argparse.Namespace) -> int:
             if (pause := args.step_interval - (time.monotonic() - started)) > 0:
                 time.sleep(pause)
             if args.stall_after_steps and step >= args.stall_after_steps:
-                print(f"memexporter demo: stalling after step {step}, as asked: the process stays up, no more steps",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"memexporter demo: stalling after step {step}, as asked: the process stays up, no more steps",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 while True:  # a hung collective, as the stalled-run alert sees it
                     time.sleep(1.0)
     except KeyboardInterrupt:
@@ -154,22 +175,47 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (default: auto)")
-    p.add_argument("--port", type=integer(0, 65535), default=None,
-                   help="base port, 0-65535 (default: MEMEXPORTER_PORT or 9400; rank r adds LOCAL_RANK)")
+    p.add_argument(
+        "--port",
+        type=integer(0, 65535),
+        default=None,
+        help="base port, 0-65535 (default: MEMEXPORTER_PORT or 9400; rank r adds LOCAL_RANK)",
+    )
     p.add_argument("--addr", default=None, help="bind address, an IP (default: MEMEXPORTER_ADDR or all interfaces)")
     p.add_argument("--steps", type=integer(0), default=0, help="steps to train; 0 trains until interrupted (default)")
     p.add_argument("--step-interval", type=number(0), default=0.0, metavar="S", help="minimum seconds per step")
-    p.add_argument("--leak-mib-per-step", type=number(0), default=0.0, metavar="N", help="keep N MiB alive per step (a leak)")
-    p.add_argument("--memory-limit-mib", type=integer(1), default=None, metavar="M",
-                   help="exporter budget; stop with a simulated OOM when used reaches it")
-    p.add_argument("--rank-extra-mib", type=rank_mib, default=None, metavar="R:N", help="rank R holds N extra MiB (rank imbalance)")
-    p.add_argument("--eval-every", type=integer(0), default=0, metavar="K", help="an evaluation forward every K steps (0: none)")
+    p.add_argument(
+        "--leak-mib-per-step", type=number(0), default=0.0, metavar="N", help="keep N MiB alive per step (a leak)"
+    )
+    p.add_argument(
+        "--memory-limit-mib",
+        type=integer(1),
+        default=None,
+        metavar="M",
+        help="exporter budget; stop with a simulated OOM when used reaches it",
+    )
+    p.add_argument(
+        "--rank-extra-mib", type=rank_mib, default=None, metavar="R:N", help="rank R holds N extra MiB (rank imbalance)"
+    )
+    p.add_argument(
+        "--eval-every", type=integer(0), default=0, metavar="K", help="an evaluation forward every K steps (0: none)"
+    )
     p.add_argument("--warmup-steps", type=integer(0), default=None, help="steps the leak estimate ignores at start")
-    p.add_argument("--stall-after-steps", type=integer(0), default=0, metavar="N",
-                   help="stop stepping after N steps while the process stays up (a hung job; 0: never)")
+    p.add_argument(
+        "--stall-after-steps",
+        type=integer(0),
+        default=0,
+        metavar="N",
+        help="stop stepping after N steps while the process stays up (a hung job; 0: never)",
+    )
     # The sizes a `memexporter sweep` varies: memory grows with each.
     p.add_argument("--batch-size", "--batch", type=integer(1), default=8, help="sequences per step (default 8)")
     p.add_argument("--seq-len", type=integer(1), default=64, help="tokens per sequence (default 64)")
     p.add_argument("--layers", type=integer(1), default=4, help="transformer blocks (default 4)")
-    p.add_argument("--d-model", type=integer(HEADS), default=128, help=f"model width, a multiple of the {HEADS} heads (default 128)")
+    p.add_argument(
+        "--d-model",
+        type=integer(HEADS),
+        default=128,
+        help=f"model width, a multiple of the {HEADS} heads (default 128)",
+    )
     p.add_argument("--no-track", action="store_true", help="do not track per-module memory")

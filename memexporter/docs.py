@@ -29,7 +29,9 @@ def render(text: str, names: list[str]) -> str:
     for name in names:
         pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S)
         if not pattern.search(text):
-            raise ValueError(f"no <!-- {name}:start --> ... <!-- {name}:end --> block where {BLOCKS[name][0]} should have it")
+            raise ValueError(
+                f"no <!-- {name}:start --> ... <!-- {name}:end --> block where {BLOCKS[name][0]} should have it"
+            )
         body = BLOCKS[name][1]()
 
         def fill(m: re.Match[str], body: str = body) -> str:  # a function: body may hold backslashes

@@ -22,16 +22,27 @@ log = logging.getLogger("memexporter")
 PREFIX = "MEMEXPORTER_"
 AUTOSTART = "MEMEXPORTER_AUTOSTART"
 """Read by the bootstrap (``memexporter/bootstrap/sitecustomize.py``), not a ``start()`` keyword."""
-OTHER_VARIABLES = frozenset({
-    AUTOSTART,
-    "MEMEXPORTER_DEBUG_TOKEN",  # diagnose/token.py: the /debug/* token, shared with memexporter inspect
-})
+OTHER_VARIABLES = frozenset(
+    {
+        AUTOSTART,
+        "MEMEXPORTER_DEBUG_TOKEN",  # diagnose/token.py: the /debug/* token, shared with memexporter inspect
+    }
+)
 """Read by the exporter, but not ``start()`` keywords (those are ``config.KNOBS``)."""
-TOOLING_VARIABLES = frozenset({
-    "MEMEXPORTER_VENV", "MEMEXPORTER_TORCH_VERSION", "MEMEXPORTER_TORCH_INDEX", "MEMEXPORTER_SETUP_RETRY",
-    "MEMEXPORTER_GPU_CHECK_DIR", "MEMEXPORTER_BASE", "MEMEXPORTER_RULES_PRESET", "MEMEXPORTER_REQUIRE_BINARIES",
-    "MEMEXPORTER_UPDATE_GOLDEN", "MEMEXPORTER_STRESS_SECONDS",
-})
+TOOLING_VARIABLES = frozenset(
+    {
+        "MEMEXPORTER_VENV",
+        "MEMEXPORTER_TORCH_VERSION",
+        "MEMEXPORTER_TORCH_INDEX",
+        "MEMEXPORTER_SETUP_RETRY",
+        "MEMEXPORTER_GPU_CHECK_DIR",
+        "MEMEXPORTER_BASE",
+        "MEMEXPORTER_RULES_PRESET",
+        "MEMEXPORTER_REQUIRE_BINARIES",
+        "MEMEXPORTER_UPDATE_GOLDEN",
+        "MEMEXPORTER_STRESS_SECONDS",
+    }
+)
 """Read by the repository's scripts, compose file and tests, never by the exporter: not typos."""
 TOOLING_PREFIXES = ("MEMEXPORTER_TEST_", "MEMEXPORTER_BIN_")
 
@@ -48,8 +59,9 @@ def warn_once(key: str, message: str) -> None:
     log.warning(message)
 
 
-def check_overridden(name: str, variable: str, value: object, environ: Mapping[str, str],
-                     parse: Callable[[str, object], Any]) -> None:
+def check_overridden(
+    name: str, variable: str, value: object, environ: Mapping[str, str], parse: Callable[[str, object], Any]
+) -> None:
     """Parse ``environ[variable]`` although the explicit ``name=value`` wins; say once if it is bad."""
     text = environ.get(variable, "")
     if text == "":
@@ -58,9 +70,11 @@ def check_overridden(name: str, variable: str, value: object, environ: Mapping[s
         parse(variable, text)
     except (TypeError, ValueError) as exc:
         reason = str(exc).removeprefix("memexporter: ")
-        warn_once(f"overridden:{variable}={text}",
-                  f"memexporter: {reason}. Ignored here: {name}={value!r} is given explicitly and wins. "
-                  f"Fix or unset {variable}: where nothing overrides it, start() refuses it")
+        warn_once(
+            f"overridden:{variable}={text}",
+            f"memexporter: {reason}. Ignored here: {name}={value!r} is given explicitly and wins. "
+            f"Fix or unset {variable}: where nothing overrides it, start() refuses it",
+        )
 
 
 def unknown_variables(environ: Mapping[str, str], known: Collection[str]) -> dict[str, str | None]:
@@ -83,7 +97,9 @@ def warn_unknown_variables(environ: Mapping[str, str], known: Collection[str]) -
     """Say once per variable that an unknown ``MEMEXPORTER_*`` variable is ignored, with the likely name."""
     for name, close in unknown_variables(environ, known).items():
         if close is None:
-            hint = f"memexporter reads {PREFIX}<a start() keyword in capitals>, and {', '.join(sorted(OTHER_VARIABLES))}"
+            hint = (
+                f"memexporter reads {PREFIX}<a start() keyword in capitals>, and {', '.join(sorted(OTHER_VARIABLES))}"
+            )
         elif close == name.upper():
             hint = f"did you mean {close}? (environment variables are case-sensitive)"
         else:

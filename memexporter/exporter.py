@@ -116,12 +116,20 @@ def _port_for_rank(config: Config, ident: Identity) -> int:
     if not config.port:
         return 0
     if config.port + local_rank > 65535:
-        raise ValueError(f"memexporter: port {config.port} + LOCAL_RANK {local_rank} is above 65535; lower the base port")
+        raise ValueError(
+            f"memexporter: port {config.port} + LOCAL_RANK {local_rank} is above 65535; lower the base port"
+        )
     return config.port + local_rank
 
 
-def start(model: Any = None, optimizer: Any = None, meter_provider: Any = None, *,
-          port_hint: str = "start(port=...) or MEMEXPORTER_PORT", **settings: Any) -> Exporter:
+def start(
+    model: Any = None,
+    optimizer: Any = None,
+    meter_provider: Any = None,
+    *,
+    port_hint: str = "start(port=...) or MEMEXPORTER_PORT",
+    **settings: Any,
+) -> Exporter:
     """See ``memexporter.start``. ``port_hint`` says how the caller's user sets the port (the
     commands say ``--port``, the bootstrap only has the variable), for the message when the port
     cannot be bound; the message also says where the port in use came from."""
@@ -202,9 +210,11 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     if server is not None:
         _say_serving(exporter.url, ident.rank)
     elif not config.http and exporter.otel is None:
-        log.warning("memexporter: http=False and no OpenTelemetry push: nothing publishes the metrics "
-                    "(turn on the OTLP push: otel=True, --otel under memexporter run, or MEMEXPORTER_OTEL=1 where otel is "
-                    "not set explicitly; or pass meter_provider=)")
+        log.warning(
+            "memexporter: http=False and no OpenTelemetry push: nothing publishes the metrics "
+            "(turn on the OTLP push: otel=True, --otel under memexporter run, or MEMEXPORTER_OTEL=1 where otel is "
+            "not set explicitly; or pass meter_provider=)"
+        )
     return exporter
 
 
@@ -232,8 +242,11 @@ def _auto_track(exporter: Exporter) -> None:
                 handle = track(model, None, depth=exporter.config.module_depth, max_modules=exporter.config.max_modules)
                 handle.automatic = True
                 exporter.tracked.append(handle)
-        log.info("memexporter: auto_track: tracking %s (%d module rows at most each)",
-                 ", ".join(type(m).__name__ for m in models), exporter.config.max_modules)
+        log.info(
+            "memexporter: auto_track: tracking %s (%d module rows at most each)",
+            ", ".join(type(m).__name__ for m in models),
+            exporter.config.max_modules,
+        )
 
     discover.start(found)
 
@@ -252,8 +265,13 @@ def _attach_otel(exporter: Exporter, meter_provider: Any) -> None:
         return
     from memexporter.otel import attach
 
-    exporter.otel = attach(exporter.registry, exporter.sources.identity, push=exporter.config.otel,
-                           meter_provider=meter_provider, strict=exporter.config.strict)
+    exporter.otel = attach(
+        exporter.registry,
+        exporter.sources.identity,
+        push=exporter.config.otel,
+        meter_provider=meter_provider,
+        strict=exporter.config.strict,
+    )
 
 
 def stop() -> None:

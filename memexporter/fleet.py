@@ -48,8 +48,9 @@ class RunIdentity:
     source: str
 
 
-def run_identity(configured: str = "", environ: Mapping[str, str] | None = None,
-                 hostname: str | None = None, pid: int | None = None) -> RunIdentity:
+def run_identity(
+    configured: str = "", environ: Mapping[str, str] | None = None, hostname: str | None = None, pid: int | None = None
+) -> RunIdentity:
     """The run's identity from the setting, then the launchers' variables (see the module doc)."""
     env = os.environ if environ is None else environ
     if configured:
@@ -114,9 +115,12 @@ def core(families: Iterable[Metric]) -> Iterator[Metric]:
         yield family
 
 
-def identity(environ: dict[str, str] | None = None,
-             group: Callable[[], tuple[int, int] | None] | None = None,
-             run_id: str = "", detail_ranks: str = "auto") -> Identity:
+def identity(
+    environ: dict[str, str] | None = None,
+    group: Callable[[], tuple[int, int] | None] | None = None,
+    run_id: str = "",
+    detail_ranks: str = "auto",
+) -> Identity:
     """Rank, local rank and world size from torchrun's variables, falling back to Slurm and Open
     MPI, then to torch.distributed's initialised default group (``group``), then to one process;
     the run's identity and this rank's share of the detail (``fleet.py``)."""

@@ -50,7 +50,7 @@ def opt_positive(name: str, value: object) -> int | None:
 # powers of 1000. A bare K, M, G or T means either, so it is refused with both readings.
 _UNITS = {"b": 1}
 for _n, _p in enumerate("kmgt", 1):
-    _UNITS.update({f"{_p}ib": 1024 ** _n, f"{_p}i": 1024 ** _n, f"{_p}b": 1000 ** _n})
+    _UNITS.update({f"{_p}ib": 1024**_n, f"{_p}i": 1024**_n, f"{_p}b": 1000**_n})
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
 
 
@@ -63,13 +63,16 @@ def opt_bytes(name: str, value: object) -> int | None:
     match = _SIZE.fullmatch(value)
     unit = match.group(2).lower() if match else ""
     if match is None or (unit not in _UNITS and unit not in ("", "k", "m", "g", "t")):
-        raise ValueError(f"memexporter: {name} must be a size in bytes (40GiB, 512MiB, 40GB or 42949672960), "
-                         f"got {value!r}")
+        raise ValueError(
+            f"memexporter: {name} must be a size in bytes (40GiB, 512MiB, 40GB or 42949672960), got {value!r}"
+        )
     number = float(match.group(1))
     if unit in ("k", "m", "g", "t"):
         iec, si = f"{match.group(1)}{unit.upper()}iB", f"{match.group(1)}{unit.upper()}B"
-        raise ValueError(f"memexporter: {name} got {value!r}: say {iec} ({int(number * _UNITS[unit + 'ib'])} bytes) "
-                         f"or {si} ({int(number * _UNITS[unit + 'b'])} bytes)")
+        raise ValueError(
+            f"memexporter: {name} got {value!r}: say {iec} ({int(number * _UNITS[unit + 'ib'])} bytes) "
+            f"or {si} ({int(number * _UNITS[unit + 'b'])} bytes)"
+        )
     if unit == "" and not match.group(1).isdigit():
         raise ValueError(f"memexporter: {name} must be a whole number of bytes or have a unit, got {value!r}")
     size = int(number * _UNITS[unit or "b"])
@@ -106,8 +109,10 @@ def addr(name: str, value: object) -> str:
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        raise ValueError(f"memexporter: {name} must be an IP address such as {hint}, got {value!r} "
-                         "(host names are not resolved, so that start() never waits on DNS)") from None
+        raise ValueError(
+            f"memexporter: {name} must be an IP address such as {hint}, got {value!r} "
+            "(host names are not resolved, so that start() never waits on DNS)"
+        ) from None
     return value
 
 
@@ -142,14 +147,18 @@ def networks(name: str, value: object) -> tuple[str, ...]:
     elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         items = [v.strip() for v in value]
     else:
-        raise TypeError(f"memexporter: {name} must be networks in CIDR form (a string or a list of strings), got {value!r}")
+        raise TypeError(
+            f"memexporter: {name} must be networks in CIDR form (a string or a list of strings), got {value!r}"
+        )
     out = []
     for item in items:
         try:
             out.append(str(ipaddress.ip_network(item, strict=False)))
         except ValueError:
-            raise ValueError(f"memexporter: {name} must be networks in CIDR form such as 10.0.0.0/8 or fd00::/8; "
-                             f"{item!r} in {value!r} is not one") from None
+            raise ValueError(
+                f"memexporter: {name} must be networks in CIDR form such as 10.0.0.0/8 or fd00::/8; "
+                f"{item!r} in {value!r} is not one"
+            ) from None
     return tuple(out)
 
 
@@ -184,8 +193,10 @@ def ranks(name: str, value: object) -> str:
     for part in text.split(","):
         match = RANK_RANGE.fullmatch(part)
         if match is None or (match.group(2) is not None and int(match.group(2)) < int(match.group(1))):
-            raise ValueError(f"memexporter: {name} must be auto, all, none or ranks such as 0-7,64; "
-                             f"{part!r} in {value!r} is not a rank or a range low-high")
+            raise ValueError(
+                f"memexporter: {name} must be auto, all, none or ranks such as 0-7,64; "
+                f"{part!r} in {value!r} is not a rank or a range low-high"
+            )
     return text
 
 

@@ -32,8 +32,10 @@ _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")  # label n
 
 def _check(kind: str, value: str, pattern: re.Pattern[str], limit: int) -> str:
     if len(value) > limit or not pattern.fullmatch(value):
-        raise ValueError(f"memexporter: {kind} {value!r} is not valid in Kubernetes "
-                         f"(at most {limit} characters matching {pattern.pattern})")
+        raise ValueError(
+            f"memexporter: {kind} {value!r} is not valid in Kubernetes "
+            f"(at most {limit} characters matching {pattern.pattern})"
+        )
     return value
 
 
@@ -65,8 +67,9 @@ def parse_pairs(items: Iterable[str], what: str = "label") -> dict[str, str]:
     return out
 
 
-def _metadata(name: str, namespace: str | None, labels: Mapping[str, str],
-              annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+def _metadata(
+    name: str, namespace: str | None, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": check_name(name)}
     if namespace:
         meta["namespace"] = check_namespace(namespace)
@@ -80,7 +83,9 @@ class _Dumper(yaml.SafeDumper):
     """Multi-line strings (dashboard JSON) as literal blocks: readable, diffable and free of escapes."""
 
 
-_Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+_Dumper.add_representer(
+    str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
+)
 
 
 def dump(obj: Any) -> str:
@@ -88,8 +93,9 @@ def dump(obj: Any) -> str:
     return str(yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=1 << 16, allow_unicode=True))
 
 
-def prometheus_rule(rules_text: str, name: str = "memexporter", namespace: str | None = None,
-                    labels: Mapping[str, str] | None = None) -> str:
+def prometheus_rule(
+    rules_text: str, name: str = "memexporter", namespace: str | None = None, labels: Mapping[str, str] | None = None
+) -> str:
     """Wrap a rendered rules file (``rules.render()``) in a ``monitoring.coreos.com/v1`` PrometheusRule.
 
     The rules file becomes ``spec`` verbatim, indented, so its comments (the parameters it was
@@ -97,25 +103,41 @@ def prometheus_rule(rules_text: str, name: str = "memexporter", namespace: str |
     head, sep, body = rules_text.partition("\ngroups:\n")
     if not sep or not head.startswith("#"):
         raise ValueError("memexporter: expected a rendered rules file (comment header, then groups:)")
-    resource = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-                "metadata": _metadata(name, namespace, labels or {})}
+    resource = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": _metadata(name, namespace, labels or {}),
+    }
     spec = "".join(f"  {line}\n" if line else "\n" for line in ("groups:\n" + body).splitlines())
-    note = "# As a prometheus-operator PrometheusRule: `memexporter rules --format prometheusrule` (memexporter/kube.py)."
+    note = (
+        "# As a prometheus-operator PrometheusRule: `memexporter rules --format prometheusrule` (memexporter/kube.py)."
+    )
     return f"{head}\n{note}\n---\n{dump(resource)}spec:\n{spec}"
 
 
-def dashboard_configmaps(dashboards: Mapping[str, str], namespace: str | None = None,
-                         labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None,
-                         sidecar_label: str = SIDECAR_LABEL) -> str:
+def dashboard_configmaps(
+    dashboards: Mapping[str, str],
+    namespace: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    sidecar_label: str = SIDECAR_LABEL,
+) -> str:
     """One ConfigMap per dashboard (``{file name: JSON text}``), named after the file, with the
     sidecar's label; a multi-document YAML stream."""
     marker = parse_pairs([sidecar_label])
     docs = []
     for filename, text in sorted(dashboards.items()):
         stem = filename.removesuffix(".json")
-        docs.append(dump({"apiVersion": "v1", "kind": "ConfigMap",
-                          "metadata": _metadata(stem, namespace, {**(labels or {}), **marker}, annotations),
-                          "data": {filename: text}}))
+        docs.append(
+            dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": _metadata(stem, namespace, {**(labels or {}), **marker}, annotations),
+                    "data": {filename: text},
+                }
+            )
+        )
     return "".join(f"---\n{doc}" for doc in docs)
 
 
@@ -124,16 +146,25 @@ def add_metadata_arguments(parser: argparse.ArgumentParser, default_name: str | 
     if default_name:
         parser.add_argument("--name", default=default_name, help="metadata.name (default: %(default)s)")
     parser.add_argument("--namespace", help="metadata.namespace (default: none, kubectl's current namespace)")
-    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra metadata label, repeatable (kube-prometheus-stack selects PrometheusRules by "
-                        "release=<helm release name>)")
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra metadata label, repeatable (kube-prometheus-stack selects PrometheusRules by "
+        "release=<helm release name>)",
+    )
 
 
 def add_rules_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``memexporter rules`` options for the PrometheusRule format."""
-    parser.add_argument("--format", choices=RULE_FORMATS, default="rules",
-                        help="rules: a Prometheus rules file; prometheusrule: a prometheus-operator "
-                        "PrometheusRule resource (default: %(default)s)")
+    parser.add_argument(
+        "--format",
+        choices=RULE_FORMATS,
+        default="rules",
+        help="rules: a Prometheus rules file; prometheusrule: a prometheus-operator "
+        "PrometheusRule resource (default: %(default)s)",
+    )
     add_metadata_arguments(parser, default_name="memexporter")
 
 

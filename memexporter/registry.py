@@ -47,8 +47,14 @@ def catalogue() -> list[MemCollector]:
     from memexporter.collectors.trend import TrendCollector
 
     return [
-        MemoryCollector(), TrendCollector(), AllocatorCollector(), DeviceCollector(),
-        HostCollector(), ModulesCollector(), PhasesCollector(), ExporterCollector(),
+        MemoryCollector(),
+        TrendCollector(),
+        AllocatorCollector(),
+        DeviceCollector(),
+        HostCollector(),
+        ModulesCollector(),
+        PhasesCollector(),
+        ExporterCollector(),
     ]
 
 

@@ -54,8 +54,10 @@ class OomRisk:
     def describe(self) -> str:
         """One line for the job's log: where, why, how full, how soon."""
         eta = "none" if math.isinf(self.eta_seconds) else f"{self.eta_seconds:.0f} s"
-        return (f"OOM risk on {self.device} ({self.reason}: {self.phase} peak {self.peak_bytes / MiB:.0f} MiB of a "
-                f"{self.limit_bytes / MiB:.0f} MiB limit, used {self.used_bytes / MiB:.0f} MiB, ETA {eta})")
+        return (
+            f"OOM risk on {self.device} ({self.reason}: {self.phase} peak {self.peak_bytes / MiB:.0f} MiB of a "
+            f"{self.limit_bytes / MiB:.0f} MiB limit, used {self.used_bytes / MiB:.0f} MiB, ETA {eta})"
+        )
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,12 @@ def judge(sources: Sources, thresholds: Thresholds) -> OomRisk | None:
 class RiskWatch:
     """The judging thread and the training-thread callback runner of one exporter."""
 
-    def __init__(self, sources: Sources, thresholds: Thresholds = Thresholds(),
-                 callbacks: Callable[[], tuple[Callable[[OomRisk], None], ...]] = tuple) -> None:
+    def __init__(
+        self,
+        sources: Sources,
+        thresholds: Thresholds = Thresholds(),
+        callbacks: Callable[[], tuple[Callable[[OomRisk], None], ...]] = tuple,
+    ) -> None:
         self._sources, self._thresholds, self._callbacks = sources, thresholds, callbacks
         self._risk: OomRisk | None = None  # set by the judge, read at the next boundary
         self._fired = False  # the callbacks ran in this episode

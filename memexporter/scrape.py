@@ -33,8 +33,17 @@ from memexporter.config import Config
 from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
 
-__all__ = ["AllocatorSource", "DriverSource", "HostSource", "HttpSource", "Identity", "MemoryView", "PartialFailure",
-           "Scrape", "Sources"]
+__all__ = [
+    "AllocatorSource",
+    "DriverSource",
+    "HostSource",
+    "HttpSource",
+    "Identity",
+    "MemoryView",
+    "PartialFailure",
+    "Scrape",
+    "Sources",
+]
 
 
 class PartialFailure(Exception):

@@ -108,7 +108,8 @@ def _listening_socket(addr: str, port: int) -> socket.socket:
     """
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(
-            addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)[0]
+            addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST
+        )[0]
     except socket.gaierror:
         raise ValueError(f"memexporter: addr must be an IP address (0.0.0.0, 127.0.0.1, ::...), got {addr!r}") from None
     sock = socket.socket(family, kind, proto)
@@ -119,16 +120,27 @@ def _listening_socket(addr: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRNOTAVAIL:
-            raise ValueError(f"memexporter: addr {addr!r} is not an address of this host; "
-                             "use 0.0.0.0 (all interfaces), 127.0.0.1, or one of its addresses") from None
+            raise ValueError(
+                f"memexporter: addr {addr!r} is not an address of this host; "
+                "use 0.0.0.0 (all interfaces), 127.0.0.1, or one of its addresses"
+            ) from None
         raise
     return sock
 
 
-def serve(registry: Collector, port: int, addr: str, certfile: str | None = None,
-          keyfile: str | None = None, title: str = "memexporter", routes: Mapping[str, Route] | None = None,
-          stats: ConnectionStats | None = None, deadline: float = DEADLINE, budget: Budget | None = None,
-          history: History | None = None) -> Server:
+def serve(
+    registry: Collector,
+    port: int,
+    addr: str,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    title: str = "memexporter",
+    routes: Mapping[str, Route] | None = None,
+    stats: ConnectionStats | None = None,
+    deadline: float = DEADLINE,
+    budget: Budget | None = None,
+    history: History | None = None,
+) -> Server:
     """Bind and serve in a daemon thread, without blocking on DNS or on any client.
 
     Raises ``ValueError`` for a bad address or bad TLS files, ``OSError`` when binding fails
@@ -141,7 +153,8 @@ def serve(registry: Collector, port: int, addr: str, certfile: str | None = None
     app = router(exposition, title, routes, budget, live)
     sock = _listening_socket(addr, port)
     bound = int(sock.getsockname()[1])
-    listener = Listener(sock, answerer(app, bound), stats or ConnectionStats(), context, deadline=deadline,
-                        budget=budget)
+    listener = Listener(
+        sock, answerer(app, bound), stats or ConnectionStats(), context, deadline=deadline, budget=budget
+    )
     listener.start()
     return Server(listener=listener, addr=addr, port=bound, tls=context is not None, exposition=exposition)

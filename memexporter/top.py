@@ -78,9 +78,13 @@ def rows(board: Board) -> list[tuple[tuple[float, float], list[str], int]]:
         if rank.error:
             if rank.doc is not None:  # it answered before: a rank that went away or hangs, marked
                 ago = f"no answer for {time.monotonic() - rank.seen:.0f} s"
-                out.append(((-math.inf, 0.0), [f"rank {rank.doc['rank']}", "-", f"{rank.error}; {ago}", "", "", "", ""], i))
+                out.append(
+                    ((-math.inf, 0.0), [f"rank {rank.doc['rank']}", "-", f"{rank.error}; {ago}", "", "", "", ""], i)
+                )
             elif rank.explicit:
-                out.append(((-math.inf, 0.0), [rank.url.removesuffix("/live.json"), "-", rank.error, "", "", "", ""], i))
+                out.append(
+                    ((-math.inf, 0.0), [rank.url.removesuffix("/live.json"), "-", rank.error, "", "", "", ""], i)
+                )
             continue  # a local port where no rank ever ran: nothing to show
         doc = rank.doc
         if doc is None:
@@ -91,9 +95,21 @@ def rows(board: Board) -> list[tuple[tuple[float, float], list[str], int]]:
             eta = dev.get("oom_eta_seconds")
             key = (eta if eta is not None else math.inf, -share)  # soonest OOM first, then the fullest
             bar = "#" * round(share * 20)
-            out.append((key, [f"rank {doc['rank']}", dev["device"], f"|{bar:<20}| {share:4.0%} of {fmt_bytes(limit or 0)}",
-                              fmt_bytes(dev.get("memory_peak_bytes") or 0), fmt_bytes(dev.get("memory_baseline_bytes") or 0),
-                              f"{fmt_bytes(dev.get('leak_rate_bytes_per_second') or 0)}/s", fmt_eta(eta)], i))
+            out.append(
+                (
+                    key,
+                    [
+                        f"rank {doc['rank']}",
+                        dev["device"],
+                        f"|{bar:<20}| {share:4.0%} of {fmt_bytes(limit or 0)}",
+                        fmt_bytes(dev.get("memory_peak_bytes") or 0),
+                        fmt_bytes(dev.get("memory_baseline_bytes") or 0),
+                        f"{fmt_bytes(dev.get('leak_rate_bytes_per_second') or 0)}/s",
+                        fmt_eta(eta),
+                    ],
+                    i,
+                )
+            )
     return sorted(out, key=lambda r: r[0])
 
 
@@ -118,8 +134,10 @@ def render(board: Board) -> Any:
         for name in ("module", "parameters", "gradients", "optimizer state", "activations"):
             mods.add_column(name)
         for m in doc["modules"][:10]:
-            mods.add_row(Text(m["module"]), *(fmt_bytes(m.get(k) or 0) for k in ("parameters", "gradients",
-                                                                                   "optimizer_state", "activations")))
+            mods.add_row(
+                Text(m["module"]),
+                *(fmt_bytes(m.get(k) or 0) for k in ("parameters", "gradients", "optimizer_state", "activations")),
+            )
         parts.append(mods)
     return Group(*parts)
 
@@ -196,5 +214,7 @@ def add_parser(sub: Any) -> None:
     top.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default: 2)")
     top.add_argument("--timeout", type=float, default=1.5, help="seconds a rank may take to answer (default: 1.5)")
     top.add_argument("--once", action="store_true", help="print one snapshot and exit (also when stdin is no terminal)")
-    top.add_argument("--svg", metavar="FILE", help="write one snapshot to FILE as an SVG picture of the terminal, and exit")
+    top.add_argument(
+        "--svg", metavar="FILE", help="write one snapshot to FILE as an SVG picture of the terminal, and exit"
+    )
     top.add_argument("--width", type=int, default=120, help="columns of the --svg picture (default: 120)")

@@ -18,9 +18,11 @@ import re
 from importlib import metadata
 
 MIN_TORCH = (2, 1)
-_INSTALL = ("install a newer torch the way you installed this one (a CUDA build: "
-            "https://pytorch.org/get-started/locally/; CPU only: pip install torch --index-url "
-            "https://download.pytorch.org/whl/cpu)")
+_INSTALL = (
+    "install a newer torch the way you installed this one (a CUDA build: "
+    "https://pytorch.org/get-started/locally/; CPU only: pip install torch --index-url "
+    "https://download.pytorch.org/whl/cpu)"
+)
 
 
 def installed_version() -> str | None:

@@ -33,8 +33,20 @@ from memexporter.trend_window import (
     even_indices,
 )
 
-__all__ = ["MAX_FIT_POINTS", "MIN_POINTS", "MIN_SPAN_SECONDS", "NOISE_FLOOR_BYTES", "NOISE_SIGMAS", "PEAK_LOOKBACK",
-           "SLOWDOWN", "WARMUP_SECONDS", "TrendEstimate", "TrendPoints", "TrendWindow", "estimate"]
+__all__ = [
+    "MAX_FIT_POINTS",
+    "MIN_POINTS",
+    "MIN_SPAN_SECONDS",
+    "NOISE_FLOOR_BYTES",
+    "NOISE_SIGMAS",
+    "PEAK_LOOKBACK",
+    "SLOWDOWN",
+    "WARMUP_SECONDS",
+    "TrendEstimate",
+    "TrendPoints",
+    "TrendWindow",
+    "estimate",
+]
 
 Vector: TypeAlias = npt.NDArray[np.float64]
 
@@ -54,6 +66,7 @@ about a second, within one tooth of the C heap's sawtooth, and look just like a 
 SLOWDOWN = 0.5
 """Growth is sustained only if the newest quarter of the window still grows at half the window's
 rate or more: a leak keeps its pace, start-up creep slows down and stops."""
+
 
 @dataclass(frozen=True)
 class TrendEstimate:
@@ -119,8 +132,10 @@ def _sustained(x: Vector, y: Vector, slope: float) -> bool:
     in charge; a leak that starts part-way through the window grows faster at the end, and passes.
     """
     half, quarter = len(y) // 2, len(y) - len(y) // 4
-    return (_pair_slope(x[half:], y[half:]) / slope >= SLOWDOWN
-            and _pair_slope(x[quarter:], y[quarter:]) / slope >= SLOWDOWN)
+    return (
+        _pair_slope(x[half:], y[half:]) / slope >= SLOWDOWN
+        and _pair_slope(x[quarter:], y[quarter:]) / slope >= SLOWDOWN
+    )
 
 
 def estimate(points: TrendPoints, limit_bytes: float | None) -> TrendEstimate:
@@ -133,8 +148,11 @@ def estimate(points: TrendPoints, limit_bytes: float | None) -> TrendEstimate:
     """
     n = len(points.steps)
     per_step = per_second = 0.0
-    if points.held >= points.min_points and n >= 2 and (
-            points.times[-1] - points.times[0] >= MIN_SPAN_SECONDS or points.held >= points.capacity):
+    if (
+        points.held >= points.min_points
+        and n >= 2
+        and (points.times[-1] - points.times[0] >= MIN_SPAN_SECONDS or points.held >= points.capacity)
+    ):
         # Hand-built points may be unthinned; O(n^2) pairs must stay bounded.
         idx = even_indices(n, MAX_FIT_POINTS) if n > MAX_FIT_POINTS else list(range(n))
         x_step = np.asarray(points.steps, dtype=np.float64)[idx]

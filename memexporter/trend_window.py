@@ -89,14 +89,23 @@ class TrendWindow:
                 raise TypeError(f"memexporter: TrendWindow {name} must be an int, got {value!r}")
             if value < lo:
                 raise ValueError(f"memexporter: TrendWindow {name} must be >= {lo}, got {value!r}")
-        if isinstance(warmup_seconds, bool) or not isinstance(warmup_seconds, (int, float)) \
-                or not 0 <= warmup_seconds < math.inf:
-            raise ValueError(f"memexporter: TrendWindow warmup_seconds must be a finite number >= 0, got {warmup_seconds!r}")
+        if (
+            isinstance(warmup_seconds, bool)
+            or not isinstance(warmup_seconds, (int, float))
+            or not 0 <= warmup_seconds < math.inf
+        ):
+            raise ValueError(
+                f"memexporter: TrendWindow warmup_seconds must be a finite number >= 0, got {warmup_seconds!r}"
+            )
         self.capacity, self.warmup_steps, self.warmup_seconds = capacity, warmup_steps, float(warmup_seconds)
         # Preallocated C arrays and a write index: add() overwrites in place and nothing grows;
         # 32 bytes a point (3 MiB at 100 000), where lists of Python floats take ~130.
-        self._rings = (array("q", bytes(8 * capacity)), array("d", bytes(8 * capacity)),
-                       array("d", bytes(8 * capacity)), array("d", bytes(8 * capacity)))
+        self._rings = (
+            array("q", bytes(8 * capacity)),
+            array("d", bytes(8 * capacity)),
+            array("d", bytes(8 * capacity)),
+            array("d", bytes(8 * capacity)),
+        )
         self._head = 0  # next slot to write
         self._count = 0  # post-warm-up points held, <= capacity
         self._recent_base: deque[float] = deque(maxlen=RESTART_LOOKBACK)

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 VPY="${MEMEXPORTER_VENV:-.venv}/bin/python"
 export MEMEXPORTER_REQUIRE_BINARIES=1   # missing binaries fail the run instead of skipping
-echo "[test] ruff"; "$VPY" -m ruff check memexporter tests benchmarks
+echo "[test] ruff"; "$VPY" -m ruff format --check memexporter tests benchmarks; "$VPY" -m ruff check memexporter tests benchmarks
 echo "[test] mypy"; "$VPY" -m mypy
 # Tests run in parallel processes (pytest-xdist): the long live tests mostly wait on real
 # Prometheus/Alertmanager and a training demo, so they overlap with the rest. --dist loadgroup

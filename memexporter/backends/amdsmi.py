@@ -67,8 +67,11 @@ class AmdSmiBackend:
                     amdsmi.amdsmi_init()
                     self._lib = amdsmi
                 except Exception as exc:  # ImportError, OSError/KeyError without libamd_smi.so, AmdSmiLibraryException
-                    log.info("memexporter: amdsmi unavailable (%s); no memexporter_device_* series "
-                             "(pip install memexporter[amdsmi] brings it; it needs ROCm's libamd_smi.so)", exc)
+                    log.info(
+                        "memexporter: amdsmi unavailable (%s); no memexporter_device_* series "
+                        "(pip install memexporter[amdsmi] brings it; it needs ROCm's libamd_smi.so)",
+                        exc,
+                    )
             return self._lib
 
     def memory(self, uuid: str, index: int | None = None) -> DeviceMemory | None:
@@ -81,7 +84,9 @@ class AmdSmiBackend:
             total = int(smi.amdsmi_get_gpu_memory_total(device.handle, smi.AmdSmiMemoryType.VRAM))
             used = int(smi.amdsmi_get_gpu_memory_usage(device.handle, smi.AmdSmiMemoryType.VRAM))
         except Exception as exc:
-            self._log.warning(f"memory:{uuid}", "memexporter: amdsmi cannot read the VRAM of %s (%s)", device.identity.uuid, exc)
+            self._log.warning(
+                f"memory:{uuid}", "memexporter: amdsmi cannot read the VRAM of %s (%s)", device.identity.uuid, exc
+            )
             return None
         d = device.identity
         return DeviceMemory(d.uuid, d.name, total, used, max(0, total - used), d.pci_bus_id, d.gpu_uuid, vendor="amd")
@@ -97,20 +102,35 @@ class AmdSmiBackend:
         try:
             listed = [self._entry(smi, device.handle, p) for p in smi.amdsmi_get_gpu_process_list(device.handle)]
         except Exception as exc:
-            self._log.warning(f"processes:{uuid}", "memexporter: amdsmi cannot list the processes on %s (%s): no "
-                              "memexporter_device_process_used_bytes or _non_allocator_bytes for it", name, exc)
+            self._log.warning(
+                f"processes:{uuid}",
+                "memexporter: amdsmi cannot list the processes on %s (%s): no "
+                "memexporter_device_process_used_bytes or _non_allocator_bytes for it",
+                name,
+                exc,
+            )
             return ProcessMemory(None, "error")
         mine = [p for p in listed if _int(p.get("pid")) == pid]
         if not mine:
-            self._log.warning(f"hidden:{uuid}", "memexporter: amdsmi lists %d process(es) on %s, none with this "
-                              "process's PID %d: a container's PID namespace hides it from the driver (run with the "
-                              "host's PID namespace to measure it). memexporter_device_process_used_bytes is NaN, "
-                              "_non_allocator_bytes absent", len(listed), name, pid)
+            self._log.warning(
+                f"hidden:{uuid}",
+                "memexporter: amdsmi lists %d process(es) on %s, none with this "
+                "process's PID %d: a container's PID namespace hides it from the driver (run with the "
+                "host's PID namespace to measure it). memexporter_device_process_used_bytes is NaN, "
+                "_non_allocator_bytes absent",
+                len(listed),
+                name,
+                pid,
+            )
             return ProcessMemory(None, "hidden")
         vram = [_int((p.get("memory_usage") or {}).get("vram_mem")) for p in mine]
         if any(v is None for v in vram):
-            self._log.warning(f"na:{uuid}", "memexporter: amdsmi lists this process on %s without its VRAM (N/A): "
-                              "memexporter_device_process_used_bytes is NaN", name)
+            self._log.warning(
+                f"na:{uuid}",
+                "memexporter: amdsmi lists this process on %s without its VRAM (N/A): "
+                "memexporter_device_process_used_bytes is NaN",
+                name,
+            )
             return ProcessMemory(None, "not_available")
         return ProcessMemory(sum(v for v in vram if v is not None))
 
@@ -129,9 +149,13 @@ class AmdSmiBackend:
             self._log.warning(f"find:{uuid}", "memexporter: amdsmi lookup of device %s failed (%s)", uuid, exc)
             return None
         if device is None:
-            self._log.warning(f"find:{uuid}", "memexporter: no amdsmi GPU matches torch's device %s (by ASIC serial "
-                              "or UUID; a card without a unique id cannot be matched): no memexporter_device_* "
-                              "series for it", uuid)
+            self._log.warning(
+                f"find:{uuid}",
+                "memexporter: no amdsmi GPU matches torch's device %s (by ASIC serial "
+                "or UUID; a card without a unique id cannot be matched): no memexporter_device_* "
+                "series for it",
+                uuid,
+            )
         with self._lock:
             self._devices[uuid] = device
         return device

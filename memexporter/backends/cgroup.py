@@ -37,8 +37,12 @@ def _read_text(path: Path) -> str | None:
     try:
         return data.decode("ascii")
     except UnicodeDecodeError:
-        _log.warning(f"cgroup:{path}", "memexporter: %s holds non-text bytes (%r...): no cgroup memory limit is "
-                     "known from it", path, data[:16])
+        _log.warning(
+            f"cgroup:{path}",
+            "memexporter: %s holds non-text bytes (%r...): no cgroup memory limit is known from it",
+            path,
+            data[:16],
+        )
         return None
 
 
@@ -50,8 +54,12 @@ def _read_int(path: Path) -> int | None:
     if text in ("max", "-1"):  # no limit (v2; v1 as some kernels print it)
         return None
     if not text.isdigit():
-        _log.warning(f"cgroup:{path}", "memexporter: %s does not hold a byte count (%r): no cgroup memory limit is "
-                     "known from it", path, text[:32])
+        _log.warning(
+            f"cgroup:{path}",
+            "memexporter: %s does not hold a byte count (%r): no cgroup memory limit is known from it",
+            path,
+            text[:32],
+        )
         return None
     value = int(text)
     return None if value >= _V1_UNLIMITED else value
@@ -67,7 +75,9 @@ def _inactive_file(stat: Path) -> int:
     return 0
 
 
-def read_cgroup(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> CgroupMemory | None:
+def read_cgroup(
+    root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> CgroupMemory | None:
     """The memory cgroup limit of this process, or ``None`` when no limit is set or readable."""
     text = _read_text(proc_cgroup)
     if text is None:
@@ -82,7 +92,12 @@ def read_cgroup(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/
         if controllers == "":  # cgroup v2 unified hierarchy
             base, limit_f, usage_f, stat_f = root, "memory.max", "memory.current", "memory.stat"
         elif "memory" in controllers.split(","):  # cgroup v1
-            base, limit_f, usage_f, stat_f = root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat"
+            base, limit_f, usage_f, stat_f = (
+                root / "memory",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+                "memory.stat",
+            )
         else:
             continue
         # Inside a container the path in /proc/self/cgroup may not exist under the mount (the

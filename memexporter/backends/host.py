@@ -58,8 +58,12 @@ def _rss_from_proc(pid: int) -> int:
 class HostBackend:
     """psutil for the process and the machine, cgroup files for the container limit."""
 
-    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup"),
-                 statm: str = "/proc/self/statm") -> None:
+    def __init__(
+        self,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        proc_cgroup: Path = Path("/proc/self/cgroup"),
+        statm: str = "/proc/self/statm",
+    ) -> None:
         self._proc = psutil.Process()
         self._cgroup_root = cgroup_root
         self._proc_cgroup = proc_cgroup
@@ -132,8 +136,13 @@ class HostBackend:
                 return fn()
             except Exception as exc:  # psutil.Error, OSError...: named on the collectors' success
                 failed.append(f"{what}: {type(exc).__name__}: {exc}")
-                _log.warning(f"read:{what}", "memexporter: reading the %s failed (%s: %s); its series are missing "
-                             "until it reads again", what, type(exc).__name__, exc)
+                _log.warning(
+                    f"read:{what}",
+                    "memexporter: reading the %s failed (%s: %s); its series are missing until it reads again",
+                    what,
+                    type(exc).__name__,
+                    exc,
+                )
                 return None
 
         rss = read("process RSS", self.rss)

@@ -46,8 +46,13 @@ class MpsBackend:
         try:
             return probe is not None and bool(probe())
         except Exception as exc:  # torch before 2.13: the MPS allocator is no DeviceAllocator yet
-            self._log.warning("probe", "memexporter: torch %s cannot tell whether MPS is in use without creating the "
-                              "Metal device (%s); torch 2.13 can: no mps series", torch.__version__, exc)
+            self._log.warning(
+                "probe",
+                "memexporter: torch %s cannot tell whether MPS is in use without creating the "
+                "Metal device (%s); torch 2.13 can: no mps series",
+                torch.__version__,
+                exc,
+            )
             return False
 
     def device_stats(self) -> dict[int, Mapping[str, int]]:
@@ -56,8 +61,11 @@ class MpsBackend:
             return {}
         empty: dict[str, int] = {}
         stats = self._log.read(
-            "stats", lambda: {k: int(v) for k, v in torch.accelerator.memory_stats(0).items() if k.startswith(MEASURED)},
-            empty, "memexporter: torch.accelerator.memory_stats() failed on mps (%s): no mps series")
+            "stats",
+            lambda: {k: int(v) for k, v in torch.accelerator.memory_stats(0).items() if k.startswith(MEASURED)},
+            empty,
+            "memexporter: torch.accelerator.memory_stats() failed on mps (%s): no mps series",
+        )
         return {0: stats} if stats.get("reserved_bytes.all.peak", 0) > 0 else {}
 
     def devices_in_use(self) -> list[int]:
@@ -88,8 +96,12 @@ class MpsBackend:
         the process, recommended working set)``; the scrape adds reserved back for the limit."""
         if not self._initialized():
             return None
-        info = self._log.read("mem_get_info", lambda: torch.accelerator.get_memory_info(0), None,
-                              "memexporter: torch.accelerator.get_memory_info() failed on mps (%s): no mps limit")
+        info = self._log.read(
+            "mem_get_info",
+            lambda: torch.accelerator.get_memory_info(0),
+            None,
+            "memexporter: torch.accelerator.get_memory_info() failed on mps (%s): no mps limit",
+        )
         return None if info is None else (int(info[0]), int(info[1]))
 
     def host_pinned_stats(self) -> Mapping[str, float]:

@@ -67,8 +67,11 @@ class NvmlBackend:
                     pynvml.nvmlInit()
                     self._nvml = pynvml
                 except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver mismatch...
-                    log.info("memexporter: NVML unavailable (%s); no memexporter_device_* series "
-                             "(pip install memexporter[nvml] brings nvidia-ml-py)", exc)
+                    log.info(
+                        "memexporter: NVML unavailable (%s); no memexporter_device_* series "
+                        "(pip install memexporter[nvml] brings nvidia-ml-py)",
+                        exc,
+                    )
             return self._nvml
 
     def memory(self, uuid: str, index: int | None = None) -> DeviceMemory | None:
@@ -83,11 +86,14 @@ class NvmlBackend:
         try:
             info = nvml.nvmlDeviceGetMemoryInfo(device.handle)
         except Exception as exc:
-            self._log.warning(f"memory:{uuid}", "memexporter: NVML cannot read the memory of %s (%s)", device.identity.uuid, exc)
+            self._log.warning(
+                f"memory:{uuid}", "memexporter: NVML cannot read the memory of %s (%s)", device.identity.uuid, exc
+            )
             return None
         d = device.identity
-        return DeviceMemory(d.uuid, d.name, int(info.total), int(info.used), int(info.free),
-                          d.pci_bus_id, d.gpu_uuid, d.gpu_instance_id)
+        return DeviceMemory(
+            d.uuid, d.name, int(info.total), int(info.used), int(info.free), d.pci_bus_id, d.gpu_uuid, d.gpu_instance_id
+        )
 
     def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None:
         """Process ``pid``'s memory on the device torch calls ``uuid``; ``None`` without NVML or
@@ -101,23 +107,37 @@ class NvmlBackend:
         try:
             listed = nvml.nvmlDeviceGetComputeRunningProcesses(device.handle)
         except Exception as exc:  # NOT_SUPPORTED on some vGPU and older drivers
-            self._log.warning(f"processes:{uuid}", "memexporter: NVML cannot list the processes on %s (%s): no "
-                              "memexporter_device_process_used_bytes or _non_allocator_bytes for it", name, exc)
+            self._log.warning(
+                f"processes:{uuid}",
+                "memexporter: NVML cannot list the processes on %s (%s): no "
+                "memexporter_device_process_used_bytes or _non_allocator_bytes for it",
+                name,
+                exc,
+            )
             return ProcessMemory(None, "error")
         mine = [p for p in listed if int(p.pid) == pid]
         if not mine:
-            self._log.warning(f"hidden:{uuid}", "memexporter: NVML lists %d process(es) on %s, none with this "
-                              "process's PID %d: a container's PID namespace hides it from the driver (run with "
-                              "the host's PID namespace: hostPID: true, docker --pid=host, to measure it). "
-                              "memexporter_device_process_used_bytes is NaN, _non_allocator_bytes absent",
-                              len(listed), name, pid)
+            self._log.warning(
+                f"hidden:{uuid}",
+                "memexporter: NVML lists %d process(es) on %s, none with this "
+                "process's PID %d: a container's PID namespace hides it from the driver (run with "
+                "the host's PID namespace: hostPID: true, docker --pid=host, to measure it). "
+                "memexporter_device_process_used_bytes is NaN, _non_allocator_bytes absent",
+                len(listed),
+                name,
+                pid,
+            )
             return ProcessMemory(None, "hidden")
         # nvidia-ml-py turns NVML_VALUE_NOT_AVAILABLE into None; a process listed on several
         # compute instances of one MIG slice has one entry each.
         used = [p.usedGpuMemory for p in mine]
         if any(u is None for u in used):
-            self._log.warning(f"na:{uuid}", "memexporter: NVML lists this process on %s without its memory "
-                              "(NVML_VALUE_NOT_AVAILABLE): memexporter_device_process_used_bytes is NaN", name)
+            self._log.warning(
+                f"na:{uuid}",
+                "memexporter: NVML lists this process on %s without its memory "
+                "(NVML_VALUE_NOT_AVAILABLE): memexporter_device_process_used_bytes is NaN",
+                name,
+            )
             return ProcessMemory(None, "not_available")
         return ProcessMemory(sum(int(u) for u in used))
 
@@ -132,8 +152,12 @@ class NvmlBackend:
             self._log.warning(f"find:{uuid}", "memexporter: NVML lookup of device %s failed (%s)", uuid, exc)
             return None
         if device is None:
-            self._log.warning(f"find:{uuid}", "memexporter: no NVML device has UUID %s (tried GPU-/MIG- and NVML's "
-                              "device list): no memexporter_device_* series for it", uuid)
+            self._log.warning(
+                f"find:{uuid}",
+                "memexporter: no NVML device has UUID %s (tried GPU-/MIG- and NVML's "
+                "device list): no memexporter_device_* series for it",
+                uuid,
+            )
         with self._lock:
             self._devices[uuid] = device
         return device

@@ -81,8 +81,13 @@ class TorchBackend:
             try:
                 stats = torch.cuda.memory_stats(index)
             except Exception as exc:
-                self._log.warning("stats", "memexporter: torch.cuda.memory_stats() failed under the %r allocator "
-                                  "(%s): no allocator series and no cuda used/limit", self.allocator_backend(), exc)
+                self._log.warning(
+                    "stats",
+                    "memexporter: torch.cuda.memory_stats() failed under the %r allocator "
+                    "(%s): no allocator series and no cuda used/limit",
+                    self.allocator_backend(),
+                    exc,
+                )
                 if _has_context(index):
                     out[index] = {}
                 continue
@@ -106,7 +111,9 @@ class TorchBackend:
         try:
             return str(getter())
         except Exception as exc:
-            self._log.warning("backend", "memexporter: torch.cuda.get_allocator_backend() failed (%s); assuming native", exc)
+            self._log.warning(
+                "backend", "memexporter: torch.cuda.get_allocator_backend() failed (%s); assuming native", exc
+            )
             return ALLOCATOR_NATIVE
 
     def allocated(self, index: int) -> tuple[int, int]:
@@ -136,8 +143,12 @@ class TorchBackend:
             self._log.warning("props", "memexporter: torch.cuda.get_device_properties(%d) failed (%s)", index, exc)
             return None
         if raw is None:
-            self._log.warning("uuid", "memexporter: torch %s reports no device UUID (get_device_properties().uuid); "
-                              "without it no NVML device can be matched: no memexporter_device_* series", torch.__version__)
+            self._log.warning(
+                "uuid",
+                "memexporter: torch %s reports no device UUID (get_device_properties().uuid); "
+                "without it no NVML device can be matched: no memexporter_device_* series",
+                torch.__version__,
+            )
             return None
         return str(raw) or None
 
@@ -163,9 +174,13 @@ class TorchBackend:
         getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
         if getter is None or not _initialized():
             return 1.0
-        return self._log.read("fraction", lambda: float(getter(index)), 1.0,
-                              "memexporter: torch.cuda.get_per_process_memory_fraction() failed (%s); the cuda limit "
-                              "ignores any memory fraction")
+        return self._log.read(
+            "fraction",
+            lambda: float(getter(index)),
+            1.0,
+            "memexporter: torch.cuda.get_per_process_memory_fraction() failed (%s); the cuda limit "
+            "ignores any memory fraction",
+        )
 
     def mem_get_info(self, index: int) -> tuple[int, int] | None:
         """``(free, total)`` from ``cudaMemGetInfo``, for a device the allocator already uses.
@@ -175,9 +190,13 @@ class TorchBackend:
         """
         if not _initialized():
             return None
-        info = self._log.read("mem_get_info", lambda: torch.cuda.mem_get_info(index), None,
-                              "memexporter: torch.cuda.mem_get_info(%d) failed (%s); the cuda limit is unknown "
-                              "without NVML", index)
+        info = self._log.read(
+            "mem_get_info",
+            lambda: torch.cuda.mem_get_info(index),
+            None,
+            "memexporter: torch.cuda.mem_get_info(%d) failed (%s); the cuda limit is unknown without NVML",
+            index,
+        )
         return None if info is None else (int(info[0]), int(info[1]))
 
     def host_pinned_stats(self) -> Mapping[str, float]:
@@ -188,9 +207,12 @@ class TorchBackend:
         getter = getattr(torch.cuda, "host_memory_stats", None)
         if getter is None or not _initialized():
             return {}
-        return self._log.read("host_stats", lambda: dict(getter()), {},
-                              "memexporter: torch.cuda.host_memory_stats() failed (%s): no memexporter_host_pinned_* "
-                              "series")
+        return self._log.read(
+            "host_stats",
+            lambda: dict(getter()),
+            {},
+            "memexporter: torch.cuda.host_memory_stats() failed (%s): no memexporter_host_pinned_* series",
+        )
 
     def versions(self) -> tuple[str, str]:
         """``(torch.__version__, torch.version.cuda or "")``."""

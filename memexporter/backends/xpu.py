@@ -56,8 +56,12 @@ class XpuBackend:
         out: dict[int, Mapping[str, int]] = {}
         for index in range(torch.xpu.device_count()):
             stats: dict[str, int] = self._log.read(
-                "stats", lambda: dict(torch.xpu.memory_stats(index)), {},  # noqa: B023 (called at once)
-                "memexporter: torch.xpu.memory_stats(%d) failed (%s): no xpu allocator series", index)
+                "stats",
+                lambda: dict(torch.xpu.memory_stats(index)),  # noqa: B023 (called at once)
+                {},
+                "memexporter: torch.xpu.memory_stats(%d) failed (%s): no xpu allocator series",
+                index,
+            )
             if stats.get("reserved_bytes.all.peak", 0) > 0:
                 out[index] = stats
         return out
@@ -97,15 +101,24 @@ class XpuBackend:
         getter = getattr(torch.xpu, "get_per_process_memory_fraction", None)
         if getter is None or not _initialized():
             return 1.0
-        return self._log.read("fraction", lambda: float(getter(index)), 1.0,
-                              "memexporter: torch.xpu.get_per_process_memory_fraction() failed (%s)")
+        return self._log.read(
+            "fraction",
+            lambda: float(getter(index)),
+            1.0,
+            "memexporter: torch.xpu.get_per_process_memory_fraction() failed (%s)",
+        )
 
     def mem_get_info(self, index: int) -> tuple[int, int] | None:
         """``(free, total)`` of the device (Level Zero), for a device the allocator already uses."""
         if not _initialized():
             return None
-        info = self._log.read("mem_get_info", lambda: torch.xpu.mem_get_info(index), None,
-                              "memexporter: torch.xpu.mem_get_info(%d) failed (%s); the xpu limit is unknown", index)
+        info = self._log.read(
+            "mem_get_info",
+            lambda: torch.xpu.mem_get_info(index),
+            None,
+            "memexporter: torch.xpu.mem_get_info(%d) failed (%s); the xpu limit is unknown",
+            index,
+        )
         return None if info is None else (int(info[0]), int(info[1]))
 
     def host_pinned_stats(self) -> Mapping[str, float]:
@@ -113,8 +126,9 @@ class XpuBackend:
         getter = getattr(torch.xpu, "host_memory_stats", None)
         if getter is None or not _initialized():
             return {}
-        return self._log.read("host_stats", lambda: dict(getter()), {},
-                              "memexporter: torch.xpu.host_memory_stats() failed (%s)")
+        return self._log.read(
+            "host_stats", lambda: dict(getter()), {}, "memexporter: torch.xpu.host_memory_stats() failed (%s)"
+        )
 
     def versions(self) -> tuple[str, str]:
         """``(torch.__version__, "")``: the build_info ``cuda_version`` label is empty on XPU."""
@@ -140,5 +154,10 @@ class XpuBackend:
     def _properties(self, index: int) -> Any:
         if not _initialized():
             return None
-        return self._log.read("props", lambda: torch.xpu.get_device_properties(index), None,
-                              "memexporter: torch.xpu.get_device_properties(%d) failed (%s)", index)
+        return self._log.read(
+            "props",
+            lambda: torch.xpu.get_device_properties(index),
+            None,
+            "memexporter: torch.xpu.get_device_properties(%d) failed (%s)",
+            index,
+        )

@@ -14,8 +14,14 @@ _FALSE = {"0", "false", "no", "off", ""}
 # Launchers start the training processes but never train themselves; they would bind port + 0
 # first and leave local rank 0 without its port.
 _LAUNCHERS = {"torchrun", "accelerate", "deepspeed", "lightning", "memexporter", "pip", "pip3"}
-_LAUNCHER_MODULES = {"torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
-                     "deepspeed.launcher.runner", "memexporter", "pip"}
+_LAUNCHER_MODULES = {
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "accelerate.commands.launch",
+    "deepspeed.launcher.runner",
+    "memexporter",
+    "pip",
+}
 
 
 def _should_start(orig_argv: list[str]) -> bool:
@@ -27,8 +33,11 @@ def _should_start(orig_argv: list[str]) -> bool:
     if value.strip().lower() in _FALSE or not _training_process(orig_argv[1:]):
         return False
     if value.strip().lower() not in _TRUE:  # a typo must not leave the job unwatched in silence
-        print(f"memexporter bootstrap: not started: MEMEXPORTER_AUTOSTART={value!r} is not a boolean "
-              f"(1/true/yes/on to start, 0/false/no/off not to)", file=sys.stderr)
+        print(
+            f"memexporter bootstrap: not started: MEMEXPORTER_AUTOSTART={value!r} is not a boolean "
+            f"(1/true/yes/on to start, 0/false/no/off not to)",
+            file=sys.stderr,
+        )
         return False
     return True
 

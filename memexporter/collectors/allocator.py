@@ -40,12 +40,17 @@ INFO = "memexporter_allocator_info"
 # Measured by the native caching allocator only; cudaMallocAsync leaves them at zero
 # (c10/cuda/CUDAMallocAsyncAllocator.cpp, getDeviceStats: "Many stat types are specific to the
 # native allocator ... Their struct Stats will contain zeroed values").
-NATIVE_ONLY: frozenset[str] = frozenset({
-    "memexporter_allocator_inactive_split_bytes", "memexporter_allocator_requested_bytes",
-    "memexporter_allocator_alloc_retries_total", "memexporter_allocator_ooms_total",
-    "memexporter_allocator_device_allocations_total", "memexporter_allocator_device_frees_total",
-    FRAGMENTATION,
-})
+NATIVE_ONLY: frozenset[str] = frozenset(
+    {
+        "memexporter_allocator_inactive_split_bytes",
+        "memexporter_allocator_requested_bytes",
+        "memexporter_allocator_alloc_retries_total",
+        "memexporter_allocator_ooms_total",
+        "memexporter_allocator_device_allocations_total",
+        "memexporter_allocator_device_frees_total",
+        FRAGMENTATION,
+    }
+)
 
 
 def fragmentation(stats: Mapping[str, int]) -> float | None:

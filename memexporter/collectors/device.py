@@ -50,11 +50,13 @@ class DeviceCollector:
                 # The driver's figure and the allocator's are read microseconds apart: a
                 # segment freed in between could make the difference negative.
                 outside.append((labels, float(max(0, mine.used - reserved))))
-        return families({
-            "memexporter_device_total_bytes": total,
-            "memexporter_device_used_bytes": used,
-            "memexporter_device_free_bytes": free,
-            "memexporter_device_process_used_bytes": process,
-            "memexporter_device_non_allocator_bytes": outside,
-            "memexporter_device_info": info,
-        })
+        return families(
+            {
+                "memexporter_device_total_bytes": total,
+                "memexporter_device_used_bytes": used,
+                "memexporter_device_free_bytes": free,
+                "memexporter_device_process_used_bytes": process,
+                "memexporter_device_non_allocator_bytes": outside,
+                "memexporter_device_info": info,
+            }
+        )

@@ -26,10 +26,12 @@ class ExporterCollector:
         ident = src.identity
         torch_version, cuda_version = src.allocator.versions()
         dropped = src.http.dropped() if src.http is not None else {}
-        return families({
-            "memexporter_build_info": [((ident.rank, src.version, torch_version, cuda_version), 1.0)],
-            "memexporter_process_info": [((ident.rank, ident.local_rank, ident.world_size, ident.hostname), 1.0)],
-            "memexporter_run_info": [((ident.rank, ident.run_id, ident.run_id_source, ident.detail), 1.0)],
-            "memexporter_hook_errors_total": [((ident.rank,), float(hook_errors(scrape)))],
-            "memexporter_http_dropped_connections_total": [((ident.rank, r), float(n)) for r, n in dropped.items()],
-        })
+        return families(
+            {
+                "memexporter_build_info": [((ident.rank, src.version, torch_version, cuda_version), 1.0)],
+                "memexporter_process_info": [((ident.rank, ident.local_rank, ident.world_size, ident.hostname), 1.0)],
+                "memexporter_run_info": [((ident.rank, ident.run_id, ident.run_id_source, ident.detail), 1.0)],
+                "memexporter_hook_errors_total": [((ident.rank,), float(hook_errors(scrape)))],
+                "memexporter_http_dropped_connections_total": [((ident.rank, r), float(n)) for r, n in dropped.items()],
+            }
+        )

@@ -21,11 +21,15 @@ class MemoryCollector:
     def collect(self, scrape: Scrape) -> Iterable[Metric]:
         rank = scrape.sources.rank
         views = scrape.views
-        out = families({
-            "memexporter_memory_used_bytes": [((rank, d), v.used) for d, v in views.items()],
-            # An unknown limit (no free figure, no cap) is no series rather than a made-up one.
-            "memexporter_memory_limit_bytes": [((rank, d), v.limit) for d, v in views.items() if v.limit is not None],
-        })
+        out = families(
+            {
+                "memexporter_memory_used_bytes": [((rank, d), v.used) for d, v in views.items()],
+                # An unknown limit (no free figure, no cap) is no series rather than a made-up one.
+                "memexporter_memory_limit_bytes": [
+                    ((rank, d), v.limit) for d, v in views.items() if v.limit is not None
+                ],
+            }
+        )
         if scrape.view_failures:
             raise PartialFailure(out, scrape.view_failures)
         return out

@@ -24,11 +24,16 @@ class PhasesCollector:
         rank = scrape.sources.rank
         stats, last_change = tracker.snapshot()
         done = {name: s for name, s in stats.items() if s.completed}
-        return families({
-            "memexporter_phase_peak_bytes": [((rank, device, name), float(peak))
-                                             for name, s in done.items() for device, peak in s.peaks.items()],
-            "memexporter_phase_duration_seconds": [((rank, name), s.duration) for name, s in done.items()],
-            "memexporter_phase_completed_total": [((rank, name), float(s.completed)) for name, s in stats.items()],
-            "memexporter_phase_active": [((rank, name), float(s.active > 0)) for name, s in stats.items()],
-            "memexporter_phase_last_change_timestamp_seconds": [] if last_change is None else [((rank,), last_change)],
-        })
+        return families(
+            {
+                "memexporter_phase_peak_bytes": [
+                    ((rank, device, name), float(peak)) for name, s in done.items() for device, peak in s.peaks.items()
+                ],
+                "memexporter_phase_duration_seconds": [((rank, name), s.duration) for name, s in done.items()],
+                "memexporter_phase_completed_total": [((rank, name), float(s.completed)) for name, s in stats.items()],
+                "memexporter_phase_active": [((rank, name), float(s.active > 0)) for name, s in stats.items()],
+                "memexporter_phase_last_change_timestamp_seconds": []
+                if last_change is None
+                else [((rank,), last_change)],
+            }
+        )

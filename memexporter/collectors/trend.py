@@ -27,10 +27,15 @@ class TrendCollector:
         snap = tracker.snapshot()
         views = scrape.views
         rows: dict[str, list[tuple[tuple[str, ...], float]]] = {
-            "memexporter_memory_peak_bytes": [], "memexporter_memory_baseline_bytes": [],
-            "memexporter_leak_rate_bytes_per_second": [], "memexporter_leak_bytes_per_step": [],
-            "memexporter_oom_eta_seconds": [], "memexporter_steps_total": [((rank,), float(snap.steps))],
-            "memexporter_last_step_timestamp_seconds": [] if snap.last_step_time is None else [((rank,), snap.last_step_time)],
+            "memexporter_memory_peak_bytes": [],
+            "memexporter_memory_baseline_bytes": [],
+            "memexporter_leak_rate_bytes_per_second": [],
+            "memexporter_leak_bytes_per_step": [],
+            "memexporter_oom_eta_seconds": [],
+            "memexporter_steps_total": [((rank,), float(snap.steps))],
+            "memexporter_last_step_timestamp_seconds": []
+            if snap.last_step_time is None
+            else [((rank,), snap.last_step_time)],
             "memexporter_step_interval_seconds": [] if snap.step_interval is None else [((rank,), snap.step_interval)],
         }
         for device, points in snap.devices.items():

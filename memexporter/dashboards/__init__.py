@@ -28,6 +28,25 @@ from memexporter.dashboards.panels import build
 from memexporter.dashboards.queries import Query, formatted, interpolate, panel_queries
 from memexporter.dashboards.scope import by_kind, m
 
-__all__ = ["GPU_ONLY", "OUT_DIR", "RUN_WIDE", "SCHEMA_VERSION", "SHARDED_ONLY", "Panel", "Query", "Row", "build",
-           "by_kind", "dashboard", "formatted", "gpu_only", "interpolate", "m", "main", "metrics_of",
-           "panel_queries", "render", "sharded_only"]
+__all__ = [
+    "GPU_ONLY",
+    "OUT_DIR",
+    "RUN_WIDE",
+    "SCHEMA_VERSION",
+    "SHARDED_ONLY",
+    "Panel",
+    "Query",
+    "Row",
+    "build",
+    "by_kind",
+    "dashboard",
+    "formatted",
+    "gpu_only",
+    "interpolate",
+    "m",
+    "main",
+    "metrics_of",
+    "panel_queries",
+    "render",
+    "sharded_only",
+]

@@ -25,11 +25,18 @@ def alerts_annotation() -> JSON:
     run = f'ALERTS{{{_FIRING}, scope="run", run_id=~"$run_id"}}'
     ranks = f'(ALERTS{{{_FIRING}, scope!="run"}} and on ({KEY}) {info()})'
     twin = f'ALERTS{{{_FIRING}, scope="run"}}'
-    return {"datasource": DS, "enable": True, "iconColor": "red", "name": "memexporter alerts", "step": "30s",
-            "expr": f"{run}\nor\n({ranks} unless on ({_RUN}, alertname) {twin})",
-            "titleFormat": "{{alertname}}",
-            "textFormat": "{{severity}}: run {{run_id}}, rank {{rank}} on {{instance}} (no rank: the run's ranks)",
-            "tagKeys": "severity,scope,rank", "useValueForTime": False}
+    return {
+        "datasource": DS,
+        "enable": True,
+        "iconColor": "red",
+        "name": "memexporter alerts",
+        "step": "30s",
+        "expr": f"{run}\nor\n({ranks} unless on ({_RUN}, alertname) {twin})",
+        "titleFormat": "{{alertname}}",
+        "textFormat": "{{severity}}: run {{run_id}}, rank {{rank}} on {{instance}} (no rank: the run's ranks)",
+        "tagKeys": "severity,scope,rank",
+        "useValueForTime": False,
+    }
 
 
 def fatal_oom_annotation() -> JSON:
@@ -38,13 +45,20 @@ def fatal_oom_annotation() -> JSON:
     One per run: the first rank to go (when one rank dies of an OOM the others stop with it, and
     1,024 marks would say one thing), read from the per-rank alerts, which name the rank and device.
     Not kept to the selected ranks: the rank is gone, and with it its ``run_info``."""
-    return {"datasource": DS, "enable": True, "iconColor": "dark-red", "name": "probable fatal OOM", "step": "30s",
-            "expr": f'bottomk by ({_RUN}) (1, ALERTS_FOR_STATE{{alertname="{FATAL_OOM}", job=~"$job", scope!="run"}})'
-                    " * 1000",
-            "titleFormat": "probably died of an OOM",
-            "textFormat": "rank {{rank}} on {{instance}} ({{device}}) stopped right after a step peak near its limit "
-                          "(the first of its run)",
-            "tagKeys": "rank,device", "useValueForTime": True}
+    return {
+        "datasource": DS,
+        "enable": True,
+        "iconColor": "dark-red",
+        "name": "probable fatal OOM",
+        "step": "30s",
+        "expr": f'bottomk by ({_RUN}) (1, ALERTS_FOR_STATE{{alertname="{FATAL_OOM}", job=~"$job", scope!="run"}})'
+        " * 1000",
+        "titleFormat": "probably died of an OOM",
+        "textFormat": "rank {{rank}} on {{instance}} ({{device}}) stopped right after a step peak near its limit "
+        "(the first of its run)",
+        "tagKeys": "rank,device",
+        "useValueForTime": True,
+    }
 
 
 def phases_annotation() -> JSON:
@@ -56,9 +70,19 @@ def phases_annotation() -> JSON:
     sel = f"{OUT_OF_STEP}, {JOB}"
     # One series per rank and phase before the join: open and just completed would otherwise be
     # two series with the same labels once the join drops the metric name.
-    seen = (f"max by ({KEY}, phase) (memexporter_phase_active{{{sel}}} == 1 or "
-            f"changes(memexporter_phase_completed_total{{{sel}}}[$__rate_interval]) > 0)")
-    return {"datasource": DS, "enable": True, "iconColor": "purple", "name": "out-of-step phases", "step": "30s",
-            "expr": f"max by (job, run_id, phase) ({with_run(seen)})", "titleFormat": "{{phase}}",
-            "textFormat": "{{phase}} on a selected rank of run {{run_id}} (its memory is not in the step peak)",
-            "tagKeys": "phase,run_id", "useValueForTime": False}
+    seen = (
+        f"max by ({KEY}, phase) (memexporter_phase_active{{{sel}}} == 1 or "
+        f"changes(memexporter_phase_completed_total{{{sel}}}[$__rate_interval]) > 0)"
+    )
+    return {
+        "datasource": DS,
+        "enable": True,
+        "iconColor": "purple",
+        "name": "out-of-step phases",
+        "step": "30s",
+        "expr": f"max by (job, run_id, phase) ({with_run(seen)})",
+        "titleFormat": "{{phase}}",
+        "textFormat": "{{phase}} on a selected rank of run {{run_id}} (its memory is not in the step peak)",
+        "tagKeys": "phase,run_id",
+        "useValueForTime": False,
+    }

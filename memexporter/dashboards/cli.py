@@ -13,8 +13,9 @@ OUT_DIR = Path(__file__).resolve().parents[2] / "grafana" / "dashboards"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memexporter.dashboards",
-                                     description="Generate grafana/dashboards/*.json.")
+    parser = argparse.ArgumentParser(
+        prog="python -m memexporter.dashboards", description="Generate grafana/dashboards/*.json."
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed JSON differs")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"output folder (default {OUT_DIR})")
     args = parser.parse_args(argv)

@@ -74,45 +74,82 @@ def _suffix(exprs: list[str]) -> str:
 
 
 def _target(ref: str, expr: str, legend: str, p: Panel) -> JSON:
-    return {"datasource": DS, "editorMode": "code", "expr": expr, "legendFormat": legend, "refId": ref,
-            "range": not p.instant, "instant": p.instant, **({"format": "table"} if p.kind == "table" else {})}
+    return {
+        "datasource": DS,
+        "editorMode": "code",
+        "expr": expr,
+        "legendFormat": legend,
+        "refId": ref,
+        "range": not p.instant,
+        "instant": p.instant,
+        **({"format": "table"} if p.kind == "table" else {}),
+    }
 
 
 def _options(p: Panel) -> JSON:
     reduce = {"calcs": ["lastNotNull"], "fields": "", "values": False}
     if p.kind == "timeseries":
-        return {"legend": {"calcs": ["lastNotNull", "max"], "displayMode": "table", "placement": "bottom",
-                           "showLegend": True},
-                "tooltip": {"mode": "multi", "sort": "desc"}}
+        return {
+            "legend": {
+                "calcs": ["lastNotNull", "max"],
+                "displayMode": "table",
+                "placement": "bottom",
+                "showLegend": True,
+            },
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
     if p.kind == "stat":
-        return {"colorMode": "value", "graphMode": "none", "justifyMode": "auto", "orientation": "auto",
-                "reduceOptions": reduce, "textMode": "value_and_name"}
+        return {
+            "colorMode": "value",
+            "graphMode": "none",
+            "justifyMode": "auto",
+            "orientation": "auto",
+            "reduceOptions": reduce,
+            "textMode": "value_and_name",
+        }
     if p.kind == "bargauge":
-        return {"displayMode": "gradient", "orientation": "horizontal", "reduceOptions": reduce,
-                "showUnfilled": True, "valueMode": "color"}
+        return {
+            "displayMode": "gradient",
+            "orientation": "horizontal",
+            "reduceOptions": reduce,
+            "showUnfilled": True,
+            "valueMode": "color",
+        }
     return {"cellHeight": "sm", "showHeader": True, "sortBy": [{"desc": True, "displayName": "activation"}]}
 
 
 def _panel(pid: int, p: Panel, pos: JSON) -> JSON:
     exprs = [e for e, _ in p.targets]
-    defaults: JSON = {"unit": p.unit, "thresholds": {"mode": "absolute", "steps": [
-        {"color": c, "value": v} for c, v in p.thresholds]}}
+    defaults: JSON = {
+        "unit": p.unit,
+        "thresholds": {"mode": "absolute", "steps": [{"color": c, "value": v} for c, v in p.thresholds]},
+    }
     if p.no_value:
         defaults["noValue"] = p.no_value
     if p.kind == "timeseries":
-        defaults["custom"] = {"fillOpacity": 30 if p.stack else 10, "lineWidth": 1, "showPoints": "never",
-                              "stacking": {"group": "A", "mode": "normal" if p.stack else "none"}}
+        defaults["custom"] = {
+            "fillOpacity": 30 if p.stack else 10,
+            "lineWidth": 1,
+            "showPoints": "never",
+            "stacking": {"group": "A", "mode": "normal" if p.stack else "none"},
+        }
     out: JSON = {
-        "datasource": DS, "description": p.description + _suffix(exprs) + (RUN_WIDE if p.run_wide else ""),
-        "fieldConfig": {"defaults": defaults, "overrides": []}, "gridPos": pos, "id": pid,
-        "options": _options(p), "targets": [_target(chr(65 + i), e, lg, p) for i, (e, lg) in enumerate(p.targets)],
-        "title": p.title, "type": p.kind,
+        "datasource": DS,
+        "description": p.description + _suffix(exprs) + (RUN_WIDE if p.run_wide else ""),
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "gridPos": pos,
+        "id": pid,
+        "options": _options(p),
+        "targets": [_target(chr(65 + i), e, lg, p) for i, (e, lg) in enumerate(p.targets)],
+        "title": p.title,
+        "type": p.kind,
     }
     if p.kind == "table":  # merge the instant queries on their labels: one column per query, named by its legend
         rename = {f"Value #{t['refId']}": t["legendFormat"] for t in out["targets"]}
         out["transformations"] = [
             {"id": "merge", "options": {}},
-            {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": rename}}]
+            {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": rename}},
+        ]
     return out
 
 
@@ -143,26 +180,66 @@ def _layout(items: Sequence[Panel | Row]) -> list[JSON]:
         if not item.title:
             break
         children, below = _flow(list(item.panels), y + 1)
-        out.append({"collapsed": item.collapsed, "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "id": 0,
-                    "panels": children if item.collapsed else [], "title": item.title, "type": "row"})
+        out.append(
+            {
+                "collapsed": item.collapsed,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "id": 0,
+                "panels": children if item.collapsed else [],
+                "title": item.title,
+                "type": "row",
+            }
+        )
         out, y = (out, y + 1) if item.collapsed else (out + children, below)
     for pid, panel in enumerate([q for p in out for q in (p, *p.get("panels", []))], start=1):
         panel["id"] = pid
     return out
 
 
-def dashboard(uid: str, title: str, panels: Sequence[Panel | Row], annotations: list[JSON] | None = None,
-              detail_ranks: bool = False) -> JSON:
+def dashboard(
+    uid: str,
+    title: str,
+    panels: Sequence[Panel | Row],
+    annotations: list[JSON] | None = None,
+    detail_ranks: bool = False,
+) -> JSON:
     """One dashboard; ``detail_ranks``: its rank variable offers only the ranks that export module rows."""
-    builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-               "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}
+    builtin = {
+        "builtIn": 1,
+        "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+        "enable": True,
+        "hide": True,
+        "iconColor": "rgba(0, 211, 255, 1)",
+        "name": "Annotations & Alerts",
+        "type": "dashboard",
+    }
     return {
-        "annotations": {"list": [builtin, *(annotations or [])]}, "description": f"memexporter: {title}",
-        "editable": True, "graphTooltip": 1, "id": None, "links": [{"asDropdown": True, "includeVars": True,
-        "keepTime": True, "tags": ["memexporter"], "title": "memexporter", "type": "dashboards"}],
-        "panels": _layout(panels), "refresh": "30s", "schemaVersion": SCHEMA_VERSION, "tags": ["memexporter"],
-        "templating": {"list": variables(detail_ranks)}, "time": {"from": "now-1h", "to": "now"},
-        "timepicker": {}, "timezone": "browser", "title": f"memexporter / {title}", "uid": uid, "version": 1,
+        "annotations": {"list": [builtin, *(annotations or [])]},
+        "description": f"memexporter: {title}",
+        "editable": True,
+        "graphTooltip": 1,
+        "id": None,
+        "links": [
+            {
+                "asDropdown": True,
+                "includeVars": True,
+                "keepTime": True,
+                "tags": ["memexporter"],
+                "title": "memexporter",
+                "type": "dashboards",
+            }
+        ],
+        "panels": _layout(panels),
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "tags": ["memexporter"],
+        "templating": {"list": variables(detail_ranks)},
+        "time": {"from": "now-1h", "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "title": f"memexporter / {title}",
+        "uid": uid,
+        "version": 1,
     }
 
 

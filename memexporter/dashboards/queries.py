@@ -52,6 +52,7 @@ def formatted(values: Values) -> str:
 
 def interpolate(expr: str, table: Mapping[str, str]) -> str:
     """Replace ``$var``, ``${var}`` and ``[[var]]``; ``$1`` (a ``label_replace`` group) stays."""
+
     def repl(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(2) or m.group(3)
         return table.get(name, m.group(0))
@@ -70,19 +71,38 @@ def _panels(dash: JSON) -> list[tuple[JSON, bool]]:
     return out
 
 
-def panel_queries(*, job: Values = None, run_id: Values = None, instances: Values = None, ranks: Values = None,
-                  topk: int = 10, rate_interval: str = "1m", annotations: bool = True) -> list[Query]:
+def panel_queries(
+    *,
+    job: Values = None,
+    run_id: Values = None,
+    instances: Values = None,
+    ranks: Values = None,
+    topk: int = 10,
+    rate_interval: str = "1m",
+    annotations: bool = True,
+) -> list[Query]:
     """Every panel query (and annotation query) of every dashboard, as Grafana would send it with
     these variables: ``None`` is All; ``rate_interval`` stands for Grafana's ``$__rate_interval``
     (4 x the data source's scrape interval, at least: 1m for 15 s)."""
-    table = {"job": formatted(job), "run_id": formatted(run_id), "instance": formatted(instances),
-             "rank": formatted(ranks), "topk": str(topk), "__rate_interval": rate_interval}
+    table = {
+        "job": formatted(job),
+        "run_id": formatted(run_id),
+        "instance": formatted(instances),
+        "rank": formatted(ranks),
+        "topk": str(topk),
+        "__rate_interval": rate_interval,
+    }
     out: list[Query] = []
     for name, dash in sorted(build().items()):
         for panel, collapsed in _panels(dash):
-            out += [Query(name, panel["title"], t["refId"], interpolate(t["expr"], table), bool(t["instant"]), collapsed)
-                    for t in panel["targets"]]
+            out += [
+                Query(name, panel["title"], t["refId"], interpolate(t["expr"], table), bool(t["instant"]), collapsed)
+                for t in panel["targets"]
+            ]
         if annotations:
-            out += [Query(name, f"annotation: {a['name']}", "", interpolate(a["expr"], table), False, False)
-                    for a in dash["annotations"]["list"] if "expr" in a]
+            out += [
+                Query(name, f"annotation: {a['name']}", "", interpolate(a["expr"], table), False, False)
+                for a in dash["annotations"]["list"]
+                if "expr" in a
+            ]
     return out

@@ -22,16 +22,38 @@ _INFO = "memexporter_run_info"
 def query_var(name: str, label: str, query: str, sort: int, multi: bool = True) -> JSON:
     """A query variable with "All", "All" by default, refreshed when the time range changes
     (``label_values`` then lists only what the range holds: today's runs, not last month's)."""
-    return {"name": name, "label": label, "type": "query", "datasource": DS, "definition": query, "query": query,
-            "refresh": 2, "multi": multi, "includeAll": True, "allValue": ALL, "sort": sort, "regex": "",
-            "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "hide": 0, "options": []}
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "definition": query,
+        "query": query,
+        "refresh": 2,
+        "multi": multi,
+        "includeAll": True,
+        "allValue": ALL,
+        "sort": sort,
+        "regex": "",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "hide": 0,
+        "options": [],
+    }
 
 
 def topk_var() -> JSON:
     """How many series a per-rank or per-module panel shows: the K fullest ranks, the K largest modules."""
-    return {"name": "topk", "label": "Top K", "type": "custom", "query": ",".join(TOPK), "hide": 0, "multi": False,
-            "includeAll": False, "current": {"selected": True, "text": TOPK_DEFAULT, "value": TOPK_DEFAULT},
-            "options": [{"selected": v == TOPK_DEFAULT, "text": v, "value": v} for v in TOPK]}
+    return {
+        "name": "topk",
+        "label": "Top K",
+        "type": "custom",
+        "query": ",".join(TOPK),
+        "hide": 0,
+        "multi": False,
+        "includeAll": False,
+        "current": {"selected": True, "text": TOPK_DEFAULT, "value": TOPK_DEFAULT},
+        "options": [{"selected": v == TOPK_DEFAULT, "text": v, "value": v} for v in TOPK],
+    }
 
 
 def variables(detail_ranks: bool = False) -> list[JSON]:
@@ -39,15 +61,29 @@ def variables(detail_ranks: bool = False) -> list[JSON]:
     module rows (all of them below 64 ranks, the detail ranks above: the Modules dashboard)."""
     detail = ', detail=~"per_rank|representative"' if detail_ranks else ""
     return [
-        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-         "current": {}, "hide": 0, "options": [], "refresh": 1, "regex": ""},
+        {
+            "name": "datasource",
+            "label": "Data source",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "hide": 0,
+            "options": [],
+            "refresh": 1,
+            "regex": "",
+        },
         query_var("job", "job", f"label_values({_INFO}, job)", 1),
         query_var("run_id", "run", f'label_values({_INFO}{{job=~"$job"}}, run_id)', 1),
         # One instance or All: 1,024 host:port values ticked would be about 31 KiB in every query.
         # Several ranks are picked with $rank (1,024 ranks: 4 KiB).
-        query_var("instance", "instance", f'label_values({_INFO}{{job=~"$job", run_id=~"$run_id"}}, instance)', 1,
-                  multi=False),
-        query_var("rank", "rank", f'label_values({_INFO}{{job=~"$job", run_id=~"$run_id", instance=~"$instance"'
-                                  f"{detail}}}, rank)", 3),
+        query_var(
+            "instance", "instance", f'label_values({_INFO}{{job=~"$job", run_id=~"$run_id"}}, instance)', 1, multi=False
+        ),
+        query_var(
+            "rank",
+            "rank",
+            f'label_values({_INFO}{{job=~"$job", run_id=~"$run_id", instance=~"$instance"{detail}}}, rank)',
+            3,
+        ),
         topk_var(),
     ]

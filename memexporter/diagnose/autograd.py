@@ -59,7 +59,9 @@ def _mark(node: Any) -> Mark | None:
         return None
 
 
-def inspect_graphs(roots: Sequence[Any], previous: frozenset[Mark]) -> tuple[list[Graph], dict[tuple[str, str, tuple[int, ...], str], list[Any]], frozenset[Mark]]:
+def inspect_graphs(
+    roots: Sequence[Any], previous: frozenset[Mark]
+) -> tuple[list[Graph], dict[tuple[str, str, tuple[int, ...], str], list[Any]], frozenset[Mark]]:
     """Graphs among ``roots`` (tensors with a ``grad_fn``) that reach a mark of ``previous``.
 
     Returns the spanning groups (most nodes first), up to 4 sample tensors per group (for the

@@ -190,8 +190,15 @@ def take(step: int, previous: frozenset[StorageKey] | None) -> Scan:
     return _summarise(step, started, len(tensors) + len(grads), skipped, best, previous, roots)
 
 
-def _summarise(step: int, started: float, seen: int, skipped: int, best: dict[StorageKey, list[Any]],
-               previous: frozenset[StorageKey] | None, roots: list[Any]) -> Scan:
+def _summarise(
+    step: int,
+    started: float,
+    seen: int,
+    skipped: int,
+    best: dict[StorageKey, list[Any]],
+    previous: frozenset[StorageKey] | None,
+    roots: list[Any],
+) -> Scan:
     groups: dict[GroupKey, list[int]] = {}
     by_kind: dict[tuple[str, str], int] = {}
     samples: dict[GroupKey, list[Any]] = {}
@@ -212,8 +219,13 @@ def _summarise(step: int, started: float, seen: int, skipped: int, best: dict[St
             key_of[id(t)] = k
     ordered = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
     census = Census(
-        step=step, unix_time=time.time(), duration_s=time.perf_counter() - started, tensors=seen,
-        storages=len(best), bytes=total, skipped=skipped,
+        step=step,
+        unix_time=time.time(),
+        duration_s=time.perf_counter() - started,
+        tensors=seen,
+        storages=len(best),
+        bytes=total,
+        skipped=skipped,
         groups=tuple(Group(*key, count=c, bytes=b, views=v) for key, (c, b, v) in ordered[:MAX_GROUPS]),
         left_out=max(0, len(ordered) - MAX_GROUPS),
         by_kind=tuple(sorted(((d, kd, b) for (d, kd), b in by_kind.items()), key=lambda r: -r[2])),

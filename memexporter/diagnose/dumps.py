@@ -64,8 +64,10 @@ def premortem_reason(view: dict[str, dict[str, Any]]) -> str | None:
         if eta is not None and eta < PREMORTEM_ETA_S:
             return f"{device}: OOM ETA {eta:.0f} s (< {PREMORTEM_ETA_S:.0f} s)"
         if util is not None and util > PREMORTEM_UTILISATION:
-            return (f"{device}: {100 * util:.1f} % of the limit in use ({fmt_bytes(v['used_bytes'])} of "
-                    f"{fmt_bytes(v['limit_bytes'])})")
+            return (
+                f"{device}: {100 * util:.1f} % of the limit in use ({fmt_bytes(v['used_bytes'])} of "
+                f"{fmt_bytes(v['limit_bytes'])})"
+            )
     return None
 
 
@@ -123,13 +125,23 @@ class Premortem:
                 log.warning("memexporter: pre-mortem written to %s (%s)", path, self.reason)
             elif self.attempts >= RETRY_ATTEMPTS:
                 self.done, self._data = True, None
-                log.error("memexporter: could not write the pre-mortem to %s: %s; gave up after %d attempts",
-                          path, why(error), self.attempts)
+                log.error(
+                    "memexporter: could not write the pre-mortem to %s: %s; gave up after %d attempts",
+                    path,
+                    why(error),
+                    self.attempts,
+                )
             else:
                 self._wait = min(RETRY_TICKS_MAX, 2 ** (self.attempts - 1))
-                log.error("memexporter: could not write the pre-mortem to %s: %s; trying again at a step boundary %.0f s "
-                          "or more from now (attempt %d of %d; training goes on)", path, why(error),
-                          (self._wait + 1) * WATCH_INTERVAL_S, self.attempts, RETRY_ATTEMPTS)
+                log.error(
+                    "memexporter: could not write the pre-mortem to %s: %s; trying again at a step boundary %.0f s "
+                    "or more from now (attempt %d of %d; training goes on)",
+                    path,
+                    why(error),
+                    (self._wait + 1) * WATCH_INTERVAL_S,
+                    self.attempts,
+                    RETRY_ATTEMPTS,
+                )
         finally:
             self._busy = False
 
@@ -146,7 +158,9 @@ class AllocatorSource(Protocol):
 class CudaHooks:
     """Turns on allocation history and the OOM dump once CUDA is initialised (boundary callback)."""
 
-    def __init__(self, backend: AllocatorSource, diagnosis: Diagnosis, directory: str | None, record_history: bool) -> None:
+    def __init__(
+        self, backend: AllocatorSource, diagnosis: Diagnosis, directory: str | None, record_history: bool
+    ) -> None:
         self.backend, self.diagnosis, self.directory = backend, diagnosis, directory
         self.record_history = record_history
         self.ready = not (record_history or directory)
@@ -171,11 +185,15 @@ class CudaHooks:
         if self.diagnosis.closed or os.getpid() != self._pid or len(self.dumps) >= MAX_OOM_DUMPS or not self.directory:
             return
         try:
-            stem = os.path.join(self.directory, f"memexporter-oom-rank{self.diagnosis.sources.rank}"
-                                f"-pid{os.getpid()}-{len(self.dumps) + 1}")
+            stem = os.path.join(
+                self.directory,
+                f"memexporter-oom-rank{self.diagnosis.sources.rank}-pid{os.getpid()}-{len(self.dumps) + 1}",
+            )
             snapshot = self.backend.memory_snapshot()
             doc = document(self.diagnosis, top=1000)
-            doc["reason"] = f"cuda:{device}: out of memory asking for {asked} bytes ({device_free} free of {device_limit})"
+            doc["reason"] = (
+                f"cuda:{device}: out of memory asking for {asked} bytes ({device_free} free of {device_limit})"
+            )
             files = [(stem + ".json", json.dumps(doc, allow_nan=False, indent=1).encode())]
             if snapshot is not None:
                 files.insert(0, (stem + ".pickle", pickle.dumps(snapshot, protocol=4)))
@@ -194,7 +212,10 @@ class CudaHooks:
         if error is not None:
             log.error("memexporter: %s: could not write %s: %s", what, path, why(error))
         elif path.endswith(".pickle"):
-            log.error("memexporter: %s: allocator snapshot written to %s (open it at https://pytorch.org/memory_viz)",
-                      what, path)
+            log.error(
+                "memexporter: %s: allocator snapshot written to %s (open it at https://pytorch.org/memory_viz)",
+                what,
+                path,
+            )
         else:
             log.error("memexporter: %s: census and findings written to %s", what, path)

@@ -54,8 +54,9 @@ class Diagnosis:
     """Census scheduling, history and findings for one exporter. ``on_boundary`` is the step
     tracker's callback; ``findings`` is what readers take."""
 
-    def __init__(self, sources: Sources, every: int, budget: float = BUDGET,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, sources: Sources, every: int, budget: float = BUDGET, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.sources, self.every, self.budget, self._clock = sources, every, budget, clock
         self.findings: Findings | None = None
         self.next_step = every
@@ -136,13 +137,21 @@ class Diagnosis:
         findings = Findings(
             census=scan.census,
             growth=tuple(Named(g, named.get(g.key, ())) for g in grown),
-            graphs=tuple(NamedGraph(g, named.get(("graph", g.device, g.dtype, g.shape, g.grad_fn), ())) for g in graphs),
-            history=tuple(self._costs), next_census_step=self.next_step, cost_s=cost, reason=reason)
+            graphs=tuple(
+                NamedGraph(g, named.get(("graph", g.device, g.dtype, g.shape, g.grad_fn), ())) for g in graphs
+            ),
+            history=tuple(self._costs),
+            next_census_step=self.next_step,
+            cost_s=cost,
+            reason=reason,
+        )
         self.findings = findings
         self._say(findings)
         return findings
 
-    def _name(self, scan: census.Scan, grown: list[growth.Growth], graph_samples: dict[Any, list[Any]]) -> dict[Any, tuple[str, ...]]:
+    def _name(
+        self, scan: census.Scan, grown: list[growth.Growth], graph_samples: dict[Any, list[Any]]
+    ) -> dict[Any, tuple[str, ...]]:
         """Holder names per growing group and spanning graph; re-walked every 4th census only."""
         wanted: list[tuple[Any, list[Any]]] = []
         refresh = len(self._history) % 4 == 0
@@ -155,12 +164,20 @@ class Diagnosis:
                 wanted.append((key, picks))
         flat = [t for _, picks in wanted for t in picks]
         if flat:
-            ignore: list[object] = [scan, scan.samples, scan.graph_roots, graph_samples, wanted, flat,
-                                    *scan.samples.values(), *graph_samples.values()]
+            ignore: list[object] = [
+                scan,
+                scan.samples,
+                scan.graph_roots,
+                graph_samples,
+                wanted,
+                flat,
+                *scan.samples.values(),
+                *graph_samples.values(),
+            ]
             names = holders.find_holders(flat, ignore)
             i = 0
             for key, picks in wanted:
-                votes = Counter(n for found in names[i:i + len(picks)] for n in found)
+                votes = Counter(n for found in names[i : i + len(picks)] for n in found)
                 self._names[key] = tuple(n for n, _ in votes.most_common(3))
                 i += len(picks)
         keep = {g.key for g in grown} | {("graph", *k) for k in graph_samples}

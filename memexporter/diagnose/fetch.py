@@ -43,7 +43,7 @@ class Answer:
 def one_line(text: str, limit: int = 200) -> str:
     """``text`` as one printable line of at most ``limit`` characters (a server's words are untrusted)."""
     flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def too_large(cap: int) -> str:
@@ -70,8 +70,9 @@ class _Request:
         parts = urlsplit(self.url)
         host, port = parts.hostname or "", parts.port
         if parts.scheme == "https":
-            self.conn = http.client.HTTPSConnection(host, port, timeout=self.timeout,
-                                                    context=ssl.create_default_context())
+            self.conn = http.client.HTTPSConnection(
+                host, port, timeout=self.timeout, context=ssl.create_default_context()
+            )
         else:
             self.conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -100,7 +101,9 @@ class _Request:
                 sock.shutdown(socket.SHUT_RDWR)  # a blocked read returns now
 
 
-def get(url: str, headers: Mapping[str, str], timeout: float, cap: int = MAX_BYTES, budget: float | None = None) -> Answer:
+def get(
+    url: str, headers: Mapping[str, str], timeout: float, cap: int = MAX_BYTES, budget: float | None = None
+) -> Answer:
     """GET ``url`` (http or https) within ``timeout`` seconds in all; ``FetchError`` otherwise.
     ``budget``: the deadline the user gave (``--timeout``), for the message, when ``timeout`` is
     what is left of it."""
@@ -112,7 +115,9 @@ def get(url: str, headers: Mapping[str, str], timeout: float, cap: int = MAX_BYT
     worker.join(timeout)
     if worker.is_alive():
         request.cancel()
-        raise FetchError(f"no complete answer within {said}: is something else on that port, or is the node overloaded?")
+        raise FetchError(
+            f"no complete answer within {said}: is something else on that port, or is the node overloaded?"
+        )
     result = request.result
     if isinstance(result, Answer):
         return result

@@ -53,25 +53,59 @@ def to_json(f: Findings, top: int) -> dict[str, Any]:
     c = f.census
     return {
         "census": {
-            "step": c.step, "unix_time": c.unix_time, "duration_ms": round(1e3 * f.cost_s, 3),
-            "tensors": c.tensors, "storages": c.storages, "bytes": c.bytes, "skipped": c.skipped,
+            "step": c.step,
+            "unix_time": c.unix_time,
+            "duration_ms": round(1e3 * f.cost_s, 3),
+            "tensors": c.tensors,
+            "storages": c.storages,
+            "bytes": c.bytes,
+            "skipped": c.skipped,
             "groups_left_out": c.left_out + max(0, len(c.groups) - top),
             "by_kind": [{"device": d, "kind": k, "bytes": b} for d, k, b in c.by_kind],
-            "groups": [{"device": g.device, "dtype": g.dtype, "shape": _shape(g.shape), "kind": g.kind,
-                        "count": g.count, "bytes": g.bytes, "views": g.views} for g in c.groups[:top]],
+            "groups": [
+                {
+                    "device": g.device,
+                    "dtype": g.dtype,
+                    "shape": _shape(g.shape),
+                    "kind": g.kind,
+                    "count": g.count,
+                    "bytes": g.bytes,
+                    "views": g.views,
+                }
+                for g in c.groups[:top]
+            ],
         },
-        "growth": [{
-            "device": n.growth.key[0], "dtype": n.growth.key[1], "shape": _shape(n.growth.key[2]),
-            "kind": n.growth.key[3], "count": n.growth.count, "bytes": n.growth.bytes,
-            "count_per_step": n.growth.count_per_step, "bytes_per_step": n.growth.bytes_per_step,
-            "since_step": n.growth.since_step, "censuses": n.growth.censuses, "held_by": list(n.held_by),
-        } for n in f.growth],
-        "autograd": [{
-            "device": g.graph.device, "dtype": g.graph.dtype, "shape": _shape(g.graph.shape),
-            "grad_fn": g.graph.grad_fn, "count": g.graph.count, "graph_nodes": g.graph.nodes,
-            "graph_nodes_capped": g.graph.capped, "held_by": list(g.held_by),
-        } for g in f.graphs],
-        "history": [{"step": s, "bytes": b, "storages": n, "duration_ms": round(1e3 * d, 3)}
-                    for s, b, n, d in f.history],
+        "growth": [
+            {
+                "device": n.growth.key[0],
+                "dtype": n.growth.key[1],
+                "shape": _shape(n.growth.key[2]),
+                "kind": n.growth.key[3],
+                "count": n.growth.count,
+                "bytes": n.growth.bytes,
+                "count_per_step": n.growth.count_per_step,
+                "bytes_per_step": n.growth.bytes_per_step,
+                "since_step": n.growth.since_step,
+                "censuses": n.growth.censuses,
+                "held_by": list(n.held_by),
+            }
+            for n in f.growth
+        ],
+        "autograd": [
+            {
+                "device": g.graph.device,
+                "dtype": g.graph.dtype,
+                "shape": _shape(g.graph.shape),
+                "grad_fn": g.graph.grad_fn,
+                "count": g.graph.count,
+                "graph_nodes": g.graph.nodes,
+                "graph_nodes_capped": g.graph.capped,
+                "held_by": list(g.held_by),
+            }
+            for g in f.graphs
+        ],
+        "history": [
+            {"step": s, "bytes": b, "storages": n, "duration_ms": round(1e3 * d, 3)} for s, b, n, d in f.history
+        ],
         "next_census_step": f.next_census_step,
     }

@@ -48,8 +48,7 @@ class Growth:
 
 def median_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Theil-Sen: the median of ``(y_j - y_i) / (x_j - x_i)`` over pairs with ``x_j > x_i`` (0 if none)."""
-    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
-              for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] > xs[i]]
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] > xs[i]]
     return statistics.median(slopes) if slopes else 0.0
 
 
@@ -93,7 +92,15 @@ def find_growth(history: Sequence[Point], confirmed: frozenset[str] = frozenset(
         per_step = median_slope(steps, [float(b) for _, _, b in run])
         if per_step <= 0:
             continue
-        found.append(Growth(key=key, count=count, bytes=nbytes,
-                            count_per_step=median_slope(steps, [float(c) for _, c, _ in run]),
-                            bytes_per_step=per_step, since_step=run[0][0], censuses=len(run)))
+        found.append(
+            Growth(
+                key=key,
+                count=count,
+                bytes=nbytes,
+                count_per_step=median_slope(steps, [float(c) for _, c, _ in run]),
+                bytes_per_step=per_step,
+                since_step=run[0][0],
+                censuses=len(run),
+            )
+        )
     return sorted(found, key=lambda g: (-g.bytes_per_step, g.key))

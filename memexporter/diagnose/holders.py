@@ -107,7 +107,9 @@ def _anchor(ref: Any, child: _Node) -> tuple[str, _Node] | None:
     obj, below = child.obj, child.below
     own_dict = below is not None and isinstance(obj, dict) and isinstance(child.key, str)
     if isinstance(ref, types.ModuleType):
-        return (f"{ref.__name__}.{attribute(str(child.key))}", below) if own_dict and below and vars(ref) is obj else None
+        return (
+            (f"{ref.__name__}.{attribute(str(child.key))}", below) if own_dict and below and vars(ref) is obj else None
+        )
     if isinstance(ref, type):
         if own_dict and below and vars(ref).get(str(child.key)) is below.obj:
             return f"{_short(ref.__qualname__)}.{attribute(str(child.key))}", below

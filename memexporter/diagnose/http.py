@@ -42,9 +42,20 @@ def is_allowed(peer: str, networks: Sequence[Network]) -> bool:
 
 
 # Networks an allow-list may name without a warning: private and link-local address space.
-_LOCAL_NETWORKS = [ipaddress.ip_network(n) for n in (
-    "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16",
-    "::1/128", "fc00::/7", "fe80::/10")]
+_LOCAL_NETWORKS = [
+    ipaddress.ip_network(n)
+    for n in (
+        "127.0.0.0/8",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "169.254.0.0/16",
+        "::1/128",
+        "fc00::/7",
+        "fe80::/10",
+    )
+]
 
 
 def public_networks(allow: Sequence[str]) -> list[str]:
@@ -58,8 +69,9 @@ def public_networks(allow: Sequence[str]) -> list[str]:
     return out
 
 
-def _plain(start_response: StartResponse, status: str, text: str, head: bool,
-           headers: Sequence[tuple[str, str]] = ()) -> Iterable[bytes]:
+def _plain(
+    start_response: StartResponse, status: str, text: str, head: bool, headers: Sequence[tuple[str, str]] = ()
+) -> Iterable[bytes]:
     start_response(status, [("Content-Type", "text/plain; charset=utf-8"), *headers])
     return [] if head else [text.encode()]
 
@@ -76,9 +88,11 @@ def presented(environ: dict[str, Any]) -> str | None:
 def token_hint(token: DebugToken) -> str:
     """Where the token is, for the 403's one line (the path, never the token)."""
     where = str(token.path) if token.path is not None else f"{runtime_dirs()[0]}/memexporter-<host>-<pid>-<port>.token"
-    return (f"forbidden: /debug/* needs this process's token. memexporter inspect on the job's node, as the job's "
-            f"user, reads it from {where} (or give it with --token or {TOKEN_ENV}); send it as "
-            "'Authorization: Bearer <token>' or ?token=<token>\n")
+    return (
+        f"forbidden: /debug/* needs this process's token. memexporter inspect on the job's node, as the job's "
+        f"user, reads it from {where} (or give it with --token or {TOKEN_ENV}); send it as "
+        "'Authorization: Bearer <token>' or ?token=<token>\n"
+    )
 
 
 def guarded(app: WSGIApp, allow: Sequence[str], token: DebugToken | None) -> WSGIApp:
@@ -89,11 +103,21 @@ def guarded(app: WSGIApp, allow: Sequence[str], token: DebugToken | None) -> WSG
     def wrapper(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         head = environ.get("REQUEST_METHOD") == "HEAD"
         if not is_allowed(str(environ.get("REMOTE_ADDR", "")), networks):
-            return _plain(start_response, "403 Forbidden", "forbidden: the debug endpoints answer loopback "
-                          "clients only; name more networks with debug_allow= or MEMEXPORTER_DEBUG_ALLOW\n", head)
+            return _plain(
+                start_response,
+                "403 Forbidden",
+                "forbidden: the debug endpoints answer loopback "
+                "clients only; name more networks with debug_allow= or MEMEXPORTER_DEBUG_ALLOW\n",
+                head,
+            )
         if token is not None and not token.accepts(presented(environ)):
-            return _plain(start_response, "403 Forbidden", token_hint(token), head,
-                          [("WWW-Authenticate", 'Bearer realm="memexporter /debug"')])
+            return _plain(
+                start_response,
+                "403 Forbidden",
+                token_hint(token),
+                head,
+                [("WWW-Authenticate", 'Bearer realm="memexporter /debug"')],
+            )
         # The shared rate limit (serving/router.py), only now: a refused client spent no turn.
         admit = environ.get(ADMIT)
         if callable(admit) and (wait := float(admit())) > 0:
@@ -120,7 +144,9 @@ def memory_app(diagnosis: Diagnosis) -> WSGIApp:
             body = json.dumps(document(diagnosis, _top(environ)), allow_nan=False).encode()
         except Exception as exc:  # a 500 that says why; wsgiref would print a traceback per request
             diagnosis.errors += 1
-            return _plain(start_response, "500 Internal Server Error", f"memexporter: {type(exc).__name__}: {exc}\n", head)
+            return _plain(
+                start_response, "500 Internal Server Error", f"memexporter: {type(exc).__name__}: {exc}\n", head
+            )
         start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
         return [] if head else [body]
 
@@ -135,29 +161,45 @@ def snapshot_app(snapshot: Callable[[], dict[str, Any] | None], rank: str) -> WS
         try:
             data = snapshot()
         except Exception as exc:
-            return _plain(start_response, "500 Internal Server Error", f"memexporter: {type(exc).__name__}: {exc}\n", head)
+            return _plain(
+                start_response, "500 Internal Server Error", f"memexporter: {type(exc).__name__}: {exc}\n", head
+            )
         if data is None:
-            return _plain(start_response, "409 Conflict", "no CUDA allocator in use in this process (a CPU job, "
-                          "or CUDA not initialised yet): nothing to snapshot\n", head)
+            return _plain(
+                start_response,
+                "409 Conflict",
+                "no CUDA allocator in use in this process (a CPU job, "
+                "or CUDA not initialised yet): nothing to snapshot\n",
+                head,
+            )
         body = pickle.dumps(data, protocol=4)
-        start_response("200 OK", [
-            ("Content-Type", "application/octet-stream"), ("Cache-Control", "no-store"),
-            ("Content-Disposition", f'attachment; filename="memexporter-snapshot-rank{rank}.pickle"'),
-        ])
+        start_response(
+            "200 OK",
+            [
+                ("Content-Type", "application/octet-stream"),
+                ("Cache-Control", "no-store"),
+                ("Content-Disposition", f'attachment; filename="memexporter-snapshot-rank{rank}.pickle"'),
+            ],
+        )
         return [] if head else [body]
 
     return app
 
 
-def routes(diagnosis: Diagnosis, snapshot: Callable[[], dict[str, Any] | None], allow: Sequence[str],
-           token: DebugToken | None) -> dict[str, Route]:
+def routes(
+    diagnosis: Diagnosis, snapshot: Callable[[], dict[str, Any] | None], allow: Sequence[str], token: DebugToken | None
+) -> dict[str, Route]:
     """The debug routes, each behind the peer check and the token, then the shared rate limit."""
     rank = diagnosis.sources.rank
     return {
-        "/debug/memory": Route(guarded(memory_app(diagnosis), allow, token),
-                               "tensor census, growing groups and their holders, OOM view (JSON; needs the token)",
-                               admits=True),
-        "/debug/snapshot": Route(guarded(snapshot_app(snapshot, rank), allow, token),
-                                 "CUDA allocator snapshot (pickle for pytorch.org/memory_viz; needs the token)",
-                                 admits=True),
+        "/debug/memory": Route(
+            guarded(memory_app(diagnosis), allow, token),
+            "tensor census, growing groups and their holders, OOM view (JSON; needs the token)",
+            admits=True,
+        ),
+        "/debug/snapshot": Route(
+            guarded(snapshot_app(snapshot, rank), allow, token),
+            "CUDA allocator snapshot (pickle for pytorch.org/memory_viz; needs the token)",
+            admits=True,
+        ),
     }

@@ -30,8 +30,9 @@ __all__ = ["DEFAULT_URL", "add_parser", "memory_url", "render", "run"]
 def table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
     """Left-aligned columns, two spaces apart."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    return [indent + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-            for line in [headers, *rows]]
+    return [
+        indent + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [headers, *rows]
+    ]
 
 
 def render(doc: dict[str, Any], top: int, dump: str | None = None) -> str:
@@ -46,38 +47,83 @@ def render(doc: dict[str, Any], top: int, dump: str | None = None) -> str:
             lines.append(f"why: {doc['reason']}")
     ago = "before the dump" if dump is not None else "ago"
     if census is None:
-        lines.append(f"no census yet: the first comes at step {doc['next_census_step']} (every {doc['census_every']} steps)")
+        lines.append(
+            f"no census yet: the first comes at step {doc['next_census_step']} (every {doc['census_every']} steps)"
+        )
     else:
-        lines.append(f"census at step {census['step']} ({census.get('age_seconds', 0):.0f} s {ago}, took "
-                     f"{census['duration_ms']:.0f} ms)" + ("" if dump else f"; next at step {doc['next_census_step']}"))
+        lines.append(
+            f"census at step {census['step']} ({census.get('age_seconds', 0):.0f} s {ago}, took "
+            f"{census['duration_ms']:.0f} ms)" + ("" if dump else f"; next at step {doc['next_census_step']}")
+        )
     lines += ["", "Growing, fastest first"]
-    rows = [[g["device"], fmt_group(g["dtype"], g["shape"]), g["kind"], str(g["count"]), fmt_rate(g["count_per_step"]),
-             fmt_bytes(g["bytes_per_step"]), fmt_bytes(g["bytes"]), str(g["since_step"]),
-             "; ".join(g["held_by"]) or "(no Python holder found)"] for g in doc["growth"]]
-    lines += table(["device", "tensor", "kind", "count", "count/step", "bytes/step", "bytes", "since", "held by"], rows) \
-        if rows else ["  nothing grows" + ("" if census else " (no census yet)")]
+    rows = [
+        [
+            g["device"],
+            fmt_group(g["dtype"], g["shape"]),
+            g["kind"],
+            str(g["count"]),
+            fmt_rate(g["count_per_step"]),
+            fmt_bytes(g["bytes_per_step"]),
+            fmt_bytes(g["bytes"]),
+            str(g["since_step"]),
+            "; ".join(g["held_by"]) or "(no Python holder found)",
+        ]
+        for g in doc["growth"]
+    ]
+    lines += (
+        table(["device", "tensor", "kind", "count", "count/step", "bytes/step", "bytes", "since", "held by"], rows)
+        if rows
+        else ["  nothing grows" + ("" if census else " (no census yet)")]
+    )
     if doc["autograd"]:
         lines += ["", "Autograd graphs kept alive from step to step (their saved tensors are not in the census)"]
-        lines += table(["device", "tensor", "grad_fn", "count", "graph nodes", "held by"], [
-            [g["device"], fmt_group(g["dtype"], g["shape"]), g["grad_fn"], str(g["count"]),
-             f"{'>=' if g['graph_nodes_capped'] else ''}{g['graph_nodes']}", "; ".join(g["held_by"]) or "?"]
-            for g in doc["autograd"]])
+        lines += table(
+            ["device", "tensor", "grad_fn", "count", "graph nodes", "held by"],
+            [
+                [
+                    g["device"],
+                    fmt_group(g["dtype"], g["shape"]),
+                    g["grad_fn"],
+                    str(g["count"]),
+                    f"{'>=' if g['graph_nodes_capped'] else ''}{g['graph_nodes']}",
+                    "; ".join(g["held_by"]) or "?",
+                ]
+                for g in doc["autograd"]
+            ],
+        )
     oom = doc.get("oom", {})
     if oom and "error" not in oom:
         lines += ["", "OOM view"]
-        lines += table(["device", "used", "limit", "use", "leak/step", "leak/s", "OOM ETA"], [
-            [d, fmt_bytes(v["used_bytes"]), fmt_bytes(v["limit_bytes"]) if v["limit_bytes"] is not None else "unknown",
-             f"{100 * v['utilisation']:.1f}%" if v["utilisation"] is not None else "-",
-             fmt_bytes(v["leak_bytes_per_step"]), fmt_bytes(v["leak_bytes_per_second"]) + "/s",
-             fmt_eta(v["oom_eta_seconds"])] for d, v in oom.items()])
+        lines += table(
+            ["device", "used", "limit", "use", "leak/step", "leak/s", "OOM ETA"],
+            [
+                [
+                    d,
+                    fmt_bytes(v["used_bytes"]),
+                    fmt_bytes(v["limit_bytes"]) if v["limit_bytes"] is not None else "unknown",
+                    f"{100 * v['utilisation']:.1f}%" if v["utilisation"] is not None else "-",
+                    fmt_bytes(v["leak_bytes_per_step"]),
+                    fmt_bytes(v["leak_bytes_per_second"]) + "/s",
+                    fmt_eta(v["oom_eta_seconds"]),
+                ]
+                for d, v in oom.items()
+            ],
+        )
     if census is not None:
         groups = census["groups"][:top]
         more = census["groups_left_out"] + len(census["groups"]) - len(groups)
-        lines += ["", f"Census: {census['storages']} storages, {fmt_bytes(census['bytes'])} in {census['tensors']} "
-                      f"tensors" + (f" (largest {len(groups)} groups; {more} more)" if more else "")]
-        lines += table(["device", "tensor", "kind", "count", "bytes"], [
-            [g["device"], fmt_group(g["dtype"], g["shape"]), g["kind"], str(g["count"]), fmt_bytes(g["bytes"])]
-            for g in groups])
+        lines += [
+            "",
+            f"Census: {census['storages']} storages, {fmt_bytes(census['bytes'])} in {census['tensors']} "
+            f"tensors" + (f" (largest {len(groups)} groups; {more} more)" if more else ""),
+        ]
+        lines += table(
+            ["device", "tensor", "kind", "count", "bytes"],
+            [
+                [g["device"], fmt_group(g["dtype"], g["shape"]), g["kind"], str(g["count"]), fmt_bytes(g["bytes"])]
+                for g in groups
+            ],
+        )
         kinds = ", ".join(f"{k['device']} {k['kind']} {fmt_bytes(k['bytes'])}" for k in census["by_kind"])
         lines += ["", f"By kind: {kinds}"]
     return "\n".join(lines)
@@ -104,16 +150,32 @@ def top_count(text: str) -> int:
 def add_parser(sub: Any) -> None:
     """Add ``inspect`` to the ``memexporter`` subcommands."""
     p = sub.add_parser("inspect", help="print a running job's /debug/memory, or a dump of oom_dump_dir, as tables")
-    p.add_argument("url", nargs="?", default=DEFAULT_URL, metavar="URL|DUMP",
-                   help=f"the job's address (default {DEFAULT_URL}), or a .json file (or the folder) of oom_dump_dir")
+    p.add_argument(
+        "url",
+        nargs="?",
+        default=DEFAULT_URL,
+        metavar="URL|DUMP",
+        help=f"the job's address (default {DEFAULT_URL}), or a .json file (or the folder) of oom_dump_dir",
+    )
     p.add_argument("--top", type=top_count, default=20, help="census groups to show (default 20)")
     p.add_argument("--json", action="store_true", help="print the JSON document as served")
-    p.add_argument("--timeout", type=seconds, default=10.0,
-                   help="seconds for the whole request, from name lookup to the last byte (default 10)")
-    p.add_argument("--token", default=None, help=f"the job's debug token (default: ${tokens.TOKEN_ENV}, else the "
-                   "job's token file, found for a local URL's port)")
-    p.add_argument("--print-token-file", action="store_true",
-                   help="print the path of the job's token file for the URL's port and exit (for curl)")
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=10.0,
+        help="seconds for the whole request, from name lookup to the last byte (default 10)",
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help=f"the job's debug token (default: ${tokens.TOKEN_ENV}, else the "
+        "job's token file, found for a local URL's port)",
+    )
+    p.add_argument(
+        "--print-token-file",
+        action="store_true",
+        help="print the path of the job's token file for the URL's port and exit (for curl)",
+    )
 
 
 def _token_file(url: str) -> int:
@@ -121,8 +183,11 @@ def _token_file(url: str) -> int:
     local_port = parts.port or (443 if parts.scheme == "https" else 80)
     found = tokens.find(local_port)
     if not found:
-        print(f"memexporter inspect: no token file of a running job for port {local_port} in "
-              f"{' or '.join(str(d) for d in tokens.runtime_dirs())}", file=sys.stderr)
+        print(
+            f"memexporter inspect: no token file of a running job for port {local_port} in "
+            f"{' or '.join(str(d) for d in tokens.runtime_dirs())}",
+            file=sys.stderr,
+        )
         return 1
     print(found[0])
     return 0
@@ -148,7 +213,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except (KeyError, TypeError, AttributeError, IndexError) as exc:  # parsed, but not the fields render() reads
         what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) and exc.args else f"{type(exc).__name__}"
-        print(f"memexporter inspect: {dump or target}: not a memexporter /debug/memory document ({what})", file=sys.stderr)
+        print(
+            f"memexporter inspect: {dump or target}: not a memexporter /debug/memory document ({what})", file=sys.stderr
+        )
         return 1
     print(text)
     return 0

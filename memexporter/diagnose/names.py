@@ -18,7 +18,9 @@ MAX_SHOWN = 40
 _RUN = re.compile(r"[A-Za-z0-9]+")
 _CREDENTIAL = re.compile(
     r"passw|secret|token(?!s(?:_|$)|iz)|api_?key|access_?key|private_?key|auth_?key|credential|bearer|"
-    r"cookie|session_?id|signature", re.IGNORECASE)
+    r"cookie|session_?id|signature",
+    re.IGNORECASE,
+)
 
 
 def redacted(text: str) -> str:
@@ -35,8 +37,12 @@ def _random_looking(text: str) -> bool:
 
 def code_like(text: str) -> bool:
     """A name code would write: an identifier or a small index, not too long, not random."""
-    return (0 < len(text) <= MAX_SHOWN and (text.isidentifier() or (text.isdecimal() and len(text) <= 6))
-            and text.isascii() and not _random_looking(text))
+    return (
+        0 < len(text) <= MAX_SHOWN
+        and (text.isidentifier() or (text.isdecimal() and len(text) <= 6))
+        and text.isascii()
+        and not _random_looking(text)
+    )
 
 
 def shown(key: str) -> bool:

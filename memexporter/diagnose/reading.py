@@ -19,8 +19,14 @@ from memexporter.diagnose.fetch import MAX_BYTES, Answer, FetchError, get, one_l
 
 DEFAULT_URL = "http://localhost:9400/debug/memory"
 MAX_TOKEN_FILES = 4  # after a failed bind two live processes may name one port; stale pids are skipped
-_REQUIRED = {"rank": (str, int), "pid": (int,), "step": (int,), "growth": (list,), "autograd": (list,),
-             "census": (dict, type(None))}
+_REQUIRED = {
+    "rank": (str, int),
+    "pid": (int,),
+    "step": (int,),
+    "growth": (list,),
+    "autograd": (list,),
+    "census": (dict, type(None)),
+}
 
 
 class ReadError(RuntimeError):
@@ -45,19 +51,24 @@ def memory_url(url: str) -> str:
 
 def is_dump(target: str) -> bool:
     """A path (an existing file or folder, or one that names a ``.json``/``.pickle``) rather than a URL."""
-    return "://" not in target and (os.path.exists(target) or target.endswith((".json", ".pickle"))
-                                    or target.startswith(("/", "./", "../", "~")))
+    return "://" not in target and (
+        os.path.exists(target) or target.endswith((".json", ".pickle")) or target.startswith(("/", "./", "../", "~"))
+    )
 
 
 def check(doc: Any, source: str) -> dict[str, Any]:
     """``doc`` when it has the fields ``inspect`` reads; ``ReadError`` naming the first one missing."""
     if not isinstance(doc, dict):
-        raise ReadError(f"{source}: not a memexporter /debug/memory document (JSON {type(doc).__name__}, not an object)")
+        raise ReadError(
+            f"{source}: not a memexporter /debug/memory document (JSON {type(doc).__name__}, not an object)"
+        )
     for key, types in _REQUIRED.items():
         if key not in doc:
             raise ReadError(f"{source}: not a memexporter /debug/memory document (no {key!r})")
         if not isinstance(doc[key], types) or isinstance(doc[key], bool):
-            raise ReadError(f"{source}: not a memexporter /debug/memory document ({key!r} is a {type(doc[key]).__name__})")
+            raise ReadError(
+                f"{source}: not a memexporter /debug/memory document ({key!r} is a {type(doc[key]).__name__})"
+            )
     return doc
 
 
@@ -65,7 +76,9 @@ def parse(body: bytes, source: str) -> dict[str, Any]:
     try:
         return check(json.loads(body.decode("utf-8")), source)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise ReadError(f"{source}: not a memexporter /debug/memory document (not JSON: {one_line(str(exc), 80)})") from None
+        raise ReadError(
+            f"{source}: not a memexporter /debug/memory document (not JSON: {one_line(str(exc), 80)})"
+        ) from None
 
 
 def read_dump(target: str) -> tuple[dict[str, Any], str]:
@@ -74,11 +87,15 @@ def read_dump(target: str) -> tuple[dict[str, Any], str]:
     if path.is_dir():
         found = sorted(path.glob("memexporter-*.json"), key=lambda p: p.stat().st_mtime)
         if not found:
-            raise ReadError(f"{path}: no memexporter-*.json in this folder (the pre-mortems and OOM dumps of oom_dump_dir)")
+            raise ReadError(
+                f"{path}: no memexporter-*.json in this folder (the pre-mortems and OOM dumps of oom_dump_dir)"
+            )
         path = found[-1]
     if path.suffix == ".pickle":
-        raise ReadError(f"{path} is the CUDA allocator snapshot: open it at https://pytorch.org/memory_viz; "
-                        f"inspect reads the .json written beside it ({path.with_suffix('.json').name})")
+        raise ReadError(
+            f"{path} is the CUDA allocator snapshot: open it at https://pytorch.org/memory_viz; "
+            f"inspect reads the .json written beside it ({path.with_suffix('.json').name})"
+        )
     try:
         info = path.stat()
         if not path.is_file():
@@ -126,11 +143,15 @@ def _refused(url: str, answer: Answer, tried: str, port: int | None) -> str:
         if tried:
             return f"{url}: 403, the job refused {tried}: is that the job's own token?"
         where = " or ".join(str(d) for d in tokens.runtime_dirs())
-        return (f"{url}: 403, the job wants its debug token and no token file for port {port} was found in {where}: "
-                f"run inspect on the job's node as the job's user, or give it with --token or {tokens.TOKEN_ENV}")
+        return (
+            f"{url}: 403, the job wants its debug token and no token file for port {port} was found in {where}: "
+            f"run inspect on the job's node as the job's user, or give it with --token or {tokens.TOKEN_ENV}"
+        )
     if answer.status == 403:
-        return (f"{url}: 403, the debug endpoints answer loopback clients only. Run inspect on the job's node, "
-                "or start the job with debug_allow=<your network>")
+        return (
+            f"{url}: 403, the debug endpoints answer loopback clients only. Run inspect on the job's node, "
+            "or start the job with debug_allow=<your network>"
+        )
     if 300 <= answer.status < 400:
         return f"{url}: HTTP {answer.status}, a redirect to {one_line(answer.headers.get('location', '?'), 80)}: inspect follows none"
     return f"{url}: HTTP {answer.status} {one_line(answer.reason, 40)}" + (f": {said}" if said else "")
@@ -153,11 +174,15 @@ def _get(url: str, top: int, token: str | None, deadline: float, timeout: float)
         if left <= 0:
             raise ReadError(f"{url}: no complete answer within {timeout:g} s (--timeout)")
         try:
-            answer = get(f"{url}?top={top}", {"Authorization": f"Bearer {token}"} if token else {}, left, budget=timeout)
+            answer = get(
+                f"{url}?top={top}", {"Authorization": f"Bearer {token}"} if token else {}, left, budget=timeout
+            )
         except FetchError as exc:
             if exc.unreachable:
-                raise ReadError(f"cannot reach {url} ({exc}): is the job running, and is this its "
-                                "port? Each rank serves port + LOCAL_RANK") from None
+                raise ReadError(
+                    f"cannot reach {url} ({exc}): is the job running, and is this its "
+                    "port? Each rank serves port + LOCAL_RANK"
+                ) from None
             raise ReadError(f"{url}: {exc}") from None
         wait = _busy_for(answer)
         if wait is None or time.monotonic() + wait >= deadline:

@@ -41,7 +41,8 @@ def oom_view(sources: Sources) -> dict[str, dict[str, Any]]:
     for device, view in views.items():
         est = ests.get(device)
         out[device] = {
-            "used_bytes": view.used, "limit_bytes": view.limit,
+            "used_bytes": view.used,
+            "limit_bytes": view.limit,
             "utilisation": view.used / view.limit if view.limit else None,  # None: limit unknown
             "leak_bytes_per_step": est.leak_bytes_per_step if est else 0.0,
             "leak_bytes_per_second": est.leak_bytes_per_second if est else 0.0,
@@ -67,14 +68,18 @@ def document(diagnosis: Published, top: int = DEFAULT_TOP) -> dict[str, Any]:
     sources = diagnosis.sources
     tracker = sources.steps
     doc: dict[str, Any] = {
-        "rank": sources.rank, "pid": os.getpid(), "unix_time": time.time(),
+        "rank": sources.rank,
+        "pid": os.getpid(),
+        "unix_time": time.time(),
         "step": tracker.steps if tracker is not None else 0,
-        "census_every": diagnosis.every, "errors": diagnosis.errors,
+        "census_every": diagnosis.every,
+        "errors": diagnosis.errors,
     }
     findings = diagnosis.findings
     if findings is None:
-        doc.update({"census": None, "growth": [], "autograd": [], "history": [],
-                    "next_census_step": diagnosis.next_step})
+        doc.update(
+            {"census": None, "growth": [], "autograd": [], "history": [], "next_census_step": diagnosis.next_step}
+        )
     else:
         doc.update(to_json(findings, top))
         doc["census"]["age_seconds"] = max(0.0, time.time() - findings.census.unix_time)

@@ -59,8 +59,10 @@ def file_name(pid: int, port: int) -> str:
 def checked(token: str, source: str) -> str:
     """``token`` when it can be one; ``ValueError`` naming ``source`` (never the value) otherwise."""
     if len(token) < MIN_LENGTH or not _VALID.fullmatch(token):
-        raise ValueError(f"memexporter: {source} must be at least {MIN_LENGTH} printable characters without "
-                         "spaces (the value is not shown)")
+        raise ValueError(
+            f"memexporter: {source} must be at least {MIN_LENGTH} printable characters without "
+            "spaces (the value is not shown)"
+        )
     return token
 
 
@@ -118,9 +120,14 @@ class DebugToken:
             path = directory / file_name(os.getpid(), port)
             os.replace(tmp, path)
         except OSError as exc:
-            log.error("memexporter: cannot write the debug token file in %s (%s): nobody can read /debug/* "
-                      "without it. Set XDG_RUNTIME_DIR to a private folder, or start the job with %s set and "
-                      "give the same value to memexporter inspect", directory, exc, TOKEN_ENV)
+            log.error(
+                "memexporter: cannot write the debug token file in %s (%s): nobody can read /debug/* "
+                "without it. Set XDG_RUNTIME_DIR to a private folder, or start the job with %s set and "
+                "give the same value to memexporter inspect",
+                directory,
+                exc,
+                TOKEN_ENV,
+            )
             return None
         self.path = path
         atexit.register(self.withdraw)

@@ -69,7 +69,11 @@ def attach(config: Config, sources: Sources, allocator: AllocatorSource) -> Diag
         try:
             os.makedirs(config.oom_dump_dir, exist_ok=True)
         except OSError as exc:
-            log.error("memexporter: cannot create oom_dump_dir %r (%s): no pre-mortem will be written", config.oom_dump_dir, exc)
+            log.error(
+                "memexporter: cannot create oom_dump_dir %r (%s): no pre-mortem will be written",
+                config.oom_dump_dir,
+                exc,
+            )
         premortem = Premortem(diagnosis, config.oom_dump_dir)
         diagnosis.watchers.append(premortem)
     if sources.steps is not None:
@@ -78,8 +82,10 @@ def attach(config: Config, sources: Sources, allocator: AllocatorSource) -> Diag
             sources.steps.add_boundary_callback(diagnosis.on_boundary)
     cuda.on_boundary(0)  # CUDA may be up already (the model was moved before start())
     if config.debug and not config.http:
-        log.warning("memexporter: debug=True with http=False: no port is open, so there are no /debug endpoints; "
-                    "the census, the leak log line and oom_dump_dir still work")
+        log.warning(
+            "memexporter: debug=True with http=False: no port is open, so there are no /debug endpoints; "
+            "the census, the leak log line and oom_dump_dir still work"
+        )
     debug_routes = routes(diagnosis, allocator.memory_snapshot, config.debug_allow, token) if config.debug else {}
     diagnostics = Diagnostics(diagnosis, debug_routes, cuda, premortem, token)
     if token is not None:
@@ -94,7 +100,10 @@ def _warn_open(allow: tuple[str, ...]) -> None:
     guards the endpoints, but it travels in clear over plain HTTP)."""
     wide = public_networks(allow)
     if wide:
-        log.warning("memexporter: WARNING: debug_allow=%s opens /debug/* (tensor census, holder names, the "
-                    "allocator snapshot) to addresses outside private networks; only the debug token stands in "
-                    "the way, and it crosses the network in clear unless certfile/keyfile set up TLS. Name the "
-                    "networks you read from instead (e.g. 10.0.0.0/8)", ",".join(wide))
+        log.warning(
+            "memexporter: WARNING: debug_allow=%s opens /debug/* (tensor census, holder names, the "
+            "allocator snapshot) to addresses outside private networks; only the debug token stands in "
+            "the way, and it crosses the network in clear unless certfile/keyfile set up TLS. Name the "
+            "networks you read from instead (e.g. 10.0.0.0/8)",
+            ",".join(wide),
+        )

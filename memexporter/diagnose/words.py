@@ -28,18 +28,24 @@ def leak_line(device: str, rate: float, top: Named) -> str:
     g = top.growth
     holder = top.held_by[0] if top.held_by else NO_HOLDER
     kind = "" if g.key[3] == "other" else f" ({g.key[3].replace('_', ' ')})"
-    return (f"memexporter: leaking {fmt_bytes(rate)}/step: {fmt_group(g.key[1], g.key[2])} on {g.key[0]}{kind}, "
-            f"{fmt_rate(g.count_per_step)} per step, held by {holder}. Details: memexporter inspect")
+    return (
+        f"memexporter: leaking {fmt_bytes(rate)}/step: {fmt_group(g.key[1], g.key[2])} on {g.key[0]}{kind}, "
+        f"{fmt_rate(g.count_per_step)} per step, held by {holder}. Details: memexporter inspect"
+    )
 
 
 def unexplained_line(device: str, rate: float) -> str:
-    return (f"memexporter: leaking {fmt_bytes(rate)}/step on {device}, but no tensor group grows: the memory is "
-            "outside tensors (Python objects, a C extension, allocator caching). Details: memexporter inspect")
+    return (
+        f"memexporter: leaking {fmt_bytes(rate)}/step on {device}, but no tensor group grows: the memory is "
+        "outside tensors (Python objects, a C extension, allocator caching). Details: memexporter inspect"
+    )
 
 
 def graph_line(top: NamedGraph, count: int) -> str:
     g = top.graph
     holder = top.held_by[0] if top.held_by else NO_HOLDER
-    return (f"memexporter: {count} tensor(s) with a grad_fn survive from step to step, keeping their autograd "
-            f"graphs alive (their saved tensors are invisible to the census): {fmt_group(g.dtype, g.shape)} on "
-            f"{g.device} ({g.grad_fn}, {g.nodes} graph nodes), held by {holder}. Keep .item() or .detach() instead")
+    return (
+        f"memexporter: {count} tensor(s) with a grad_fn survive from step to step, keeping their autograd "
+        f"graphs alive (their saved tensors are invisible to the census): {fmt_group(g.dtype, g.shape)} on "
+        f"{g.device} ({g.grad_fn}, {g.nodes} graph nodes), held by {holder}. Keep .item() or .detach() instead"
+    )

@@ -99,8 +99,12 @@ def clean_stale(directory: str, now: float | None = None, alive: Callable[[int],
         except OSError:
             continue  # gone meanwhile, or a read-only directory: nothing to do about it
     if removed:
-        log.info("memexporter: removed %d temporary file(s) that killed writers left in %s: %s",
-                 len(removed), directory, ", ".join(removed[:5]))
+        log.info(
+            "memexporter: removed %d temporary file(s) that killed writers left in %s: %s",
+            len(removed),
+            directory,
+            ", ".join(removed[:5]),
+        )
     return removed
 
 
@@ -124,8 +128,9 @@ class DumpWriter:
             if self._thread is None or self._closed:  # each thread drains its own queue, then ends
                 self._closed = False
                 self._queue = queue.SimpleQueue()
-                self._thread = threading.Thread(target=self._run, args=(self._queue,), name="memexporter-dump-writer",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._queue,), name="memexporter-dump-writer", daemon=True
+                )
                 self._thread.start()
                 if not self._at_exit:
                     self._at_exit = True

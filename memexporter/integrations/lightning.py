@@ -59,8 +59,9 @@ class MemexporterCallback(pl.Callback):  # type: ignore[misc,name-defined]
     Each agreement waits for the device (its answer is read on the host), so not every step: the
     OOM forecast looks minutes ahead, 20 steps are seconds."""
 
-    def __init__(self, port: int | None = None, *, save_checkpoint_on_oom_risk: bool = False,
-                 **start_kwargs: Any) -> None:
+    def __init__(
+        self, port: int | None = None, *, save_checkpoint_on_oom_risk: bool = False, **start_kwargs: Any
+    ) -> None:
         super().__init__()
         check_start_kwargs(port, start_kwargs)
         self._session = Session("lightning", port, save_checkpoint_on_oom_risk, start_kwargs)
@@ -169,8 +170,12 @@ class MemexporterCallback(pl.Callback):  # type: ignore[misc,name-defined]
             del trainer.save_checkpoint
 
     def _save_on_risk(self, trainer: Any) -> None:
-        why = self._session.should_save(trainer.global_step, trainer.world_size, self.risk_sync_every_n_steps,
-                                        lambda noted: bool(trainer.strategy.reduce_boolean_decision(noted, all=False)))
+        why = self._session.should_save(
+            trainer.global_step,
+            trainer.world_size,
+            self.risk_sync_every_n_steps,
+            lambda noted: bool(trainer.strategy.reduce_boolean_decision(noted, all=False)),
+        )
         if why is None:
             return
         dirpath = getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir

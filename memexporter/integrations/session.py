@@ -45,8 +45,10 @@ def import_framework(integration: str, candidates: tuple[tuple[str, str], ...]) 
             return importlib.import_module(module)
         except ImportError:
             missing.append(package)
-    raise ImportError(f"memexporter.integrations.{integration} needs {' or '.join(missing)}: "
-                      f"pip install {missing[0]} (or {INSTALL_HINT})")
+    raise ImportError(
+        f"memexporter.integrations.{integration} needs {' or '.join(missing)}: "
+        f"pip install {missing[0]} (or {INSTALL_HINT})"
+    )
 
 
 def check_start_kwargs(port: int | None, start_kwargs: dict[str, Any]) -> None:
@@ -68,8 +70,9 @@ class Session:
     """What one callback holds between hooks. All methods run on the training thread, except the
     OOM-risk function, which only stores the risk."""
 
-    def __init__(self, framework: str, port: int | None, save_checkpoint_on_oom_risk: bool,
-                 start_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, framework: str, port: int | None, save_checkpoint_on_oom_risk: bool, start_kwargs: dict[str, Any]
+    ) -> None:
         self.framework = framework
         self.port, self.start_kwargs = port, start_kwargs
         self.save_checkpoint_on_oom_risk = save_checkpoint_on_oom_risk
@@ -88,8 +91,16 @@ class Session:
         # A spawn launcher (Lightning's ddp_spawn) pickles the trainer with its callbacks before
         # the first hook: nothing live is held by then, and nothing live may travel.
         state = dict(self.__dict__)
-        state.update(active=False, owns_exporter=False, handle=None, handled=False, risk_handle=None, risk=None,
-                     phases={}, _reraise=None)
+        state.update(
+            active=False,
+            owns_exporter=False,
+            handle=None,
+            handled=False,
+            risk_handle=None,
+            risk=None,
+            phases={},
+            _reraise=None,
+        )
         return state
 
     # --- never raise into training ----------------------------------------------------------
@@ -112,8 +123,12 @@ class Session:
         before = hook_errors()
         count_failure(f"{self.framework} callback ({hook})")
         if before > 0 and not self._logged:
-            log.exception("memexporter: the %s callback failed in %s; training goes on, further failures "
-                          "are only counted (memexporter_hook_errors_total)", self.framework, hook)
+            log.exception(
+                "memexporter: the %s callback failed in %s; training goes on, further failures "
+                "are only counted (memexporter_hook_errors_total)",
+                self.framework,
+                hook,
+            )
         self._logged = True
 
     # --- start and stop -----------------------------------------------------------------------
@@ -135,8 +150,11 @@ class Session:
                 raise
             self.owns_exporter = True
         else:
-            log.info("memexporter: the %s callback uses the exporter already running (%s)",
-                     self.framework, _exporter.running())
+            log.info(
+                "memexporter: the %s callback uses the exporter already running (%s)",
+                self.framework,
+                _exporter.running(),
+            )
         if self.save_checkpoint_on_oom_risk and self.risk_handle is None:
             self.risk_handle = memexporter.on_oom_risk(self._note_risk)
 
@@ -151,8 +169,11 @@ class Session:
         except ValueError as exc:
             if "already tracked" not in str(exc):
                 raise
-            log.info("memexporter: %s is tracked already; the %s callback leaves it to its owner",
-                     type(model).__name__, self.framework)
+            log.info(
+                "memexporter: %s is tracked already; the %s callback leaves it to its owner",
+                type(model).__name__,
+                self.framework,
+            )
 
     def end(self) -> None:
         """Close the phases left open, untrack, unregister, and stop the exporter if we started

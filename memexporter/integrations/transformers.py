@@ -90,8 +90,9 @@ class MemexporterCallback(transformers.TrainerCallback):  # type: ignore[misc,na
     Each agreement waits for the device (its answer is read on the host), so not every step: the
     OOM forecast looks minutes ahead, 20 steps are seconds."""
 
-    def __init__(self, port: int | None = None, *, save_checkpoint_on_oom_risk: bool = False,
-                 **start_kwargs: Any) -> None:
+    def __init__(
+        self, port: int | None = None, *, save_checkpoint_on_oom_risk: bool = False, **start_kwargs: Any
+    ) -> None:
         check_start_kwargs(port, start_kwargs)
         self._session = Session("transformers", port, save_checkpoint_on_oom_risk, start_kwargs)
         self._training = False  # between on_train_begin and on_train_end
@@ -184,8 +185,12 @@ class MemexporterCallback(transformers.TrainerCallback):  # type: ignore[misc,na
             self._session.close("checkpoint")
 
     def _save_on_risk(self, args: Any, state: Any, control: Any) -> None:
-        why = self._session.should_save(state.global_step, args.world_size, self.risk_sync_every_n_steps,
-                                        lambda noted: _any_rank(noted, args.device))
+        why = self._session.should_save(
+            state.global_step,
+            args.world_size,
+            self.risk_sync_every_n_steps,
+            lambda noted: _any_rank(noted, args.device),
+        )
         if why is None:
             return
         where = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")

@@ -77,7 +77,9 @@ def _bridge(provider: Any, source: Source) -> OtelBridge:
     return bridge
 
 
-def attach(source: Source, ident: Identity, *, push: bool, meter_provider: Any = None, strict: bool = False) -> OtelHandle | None:
+def attach(
+    source: Source, ident: Identity, *, push: bool, meter_provider: Any = None, strict: bool = False
+) -> OtelHandle | None:
     """Instruments over ``source`` on ``meter_provider``, or on a new OTLP-pushing provider when
     ``push``. A push that cannot be set up is logged in one line (naming the variable, its value
     and the fix) and gives ``None``, unless ``strict``, which raises ``sdk.OtelSetupError``."""
@@ -97,5 +99,7 @@ def attach(source: Source, ident: Identity, *, push: bool, meter_provider: Any =
         return None
     handle = OtelHandle(_bridge(made.provider, source), made)
     atexit.register(handle.shutdown)  # the last push of a job that never calls stop()
-    log.info("memexporter: pushing metrics over OTLP (%s) to %s every %g s", made.protocol, made.target, made.interval_s)
+    log.info(
+        "memexporter: pushing metrics over OTLP (%s) to %s every %g s", made.protocol, made.target, made.interval_s
+    )
     return handle

@@ -115,5 +115,7 @@ def _points(inst: Instrument, walk: Samples) -> Iterator[tuple[dict[str, str], f
             ident = info.get((labels.get("rank"), labels.get("device")))
             if ident and ident.get("uuid"):
                 # hw.name and hw.vendor are recommended, not required: only when known.
-                extra = {k: ident[label] for k, label in (("hw.name", "name"), ("hw.vendor", "vendor")) if ident.get(label)}
+                extra = {
+                    k: ident[label] for k, label in (("hw.name", "name"), ("hw.vendor", "vendor")) if ident.get(label)
+                }
                 yield {"hw.id": ident["uuid"], "hw.type": "gpu", **extra}, value

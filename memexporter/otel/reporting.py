@@ -104,7 +104,8 @@ class ReportingExporter(MetricExporter):
             log.error(
                 "memexporter: cannot push metrics over OTLP to %s: %s. Training goes on; memexporter retries "
                 "every export interval (OTEL_METRIC_EXPORT_INTERVAL) and logs once a push succeeds again.",
-                self.target, reason(reasons),
+                self.target,
+                reason(reasons),
             )
         return result
 

@@ -24,8 +24,16 @@ from memexporter.scrape import Identity
 
 # protocol -> (the module holding its OTLPMetricExporter, the pip package, memexporter's extra)
 PROTOCOLS = {
-    "http/protobuf": ("opentelemetry.exporter.otlp.proto.http.metric_exporter", "opentelemetry-exporter-otlp-proto-http", "otel"),
-    "grpc": ("opentelemetry.exporter.otlp.proto.grpc.metric_exporter", "opentelemetry-exporter-otlp-proto-grpc", "otel-grpc"),
+    "http/protobuf": (
+        "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+        "opentelemetry-exporter-otlp-proto-http",
+        "otel",
+    ),
+    "grpc": (
+        "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+        "opentelemetry-exporter-otlp-proto-grpc",
+        "otel-grpc",
+    ),
 }
 DEFAULT_ENDPOINTS = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
 
@@ -57,8 +65,10 @@ def protocol(environ: Mapping[str, str]) -> str:
         return "http/protobuf"
     name, value = found
     if value not in PROTOCOLS:
-        raise OtelSetupError(f"{name}={value!r} is not an OTLP protocol memexporter can push with "
-                             f"(one of {', '.join(PROTOCOLS)}; the Python SDK has no http/json exporter)")
+        raise OtelSetupError(
+            f"{name}={value!r} is not an OTLP protocol memexporter can push with "
+            f"(one of {', '.join(PROTOCOLS)}; the Python SDK has no http/json exporter)"
+        )
     return value
 
 
@@ -67,7 +77,11 @@ def target(environ: Mapping[str, str], proto: str) -> str:
     found = _setting(environ, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
     if found is None:
         base = DEFAULT_ENDPOINTS[proto]
-        return f"{base}/v1/metrics (the default; set OTEL_EXPORTER_OTLP_ENDPOINT)" if proto != "grpc" else f"{base} (the default; set OTEL_EXPORTER_OTLP_ENDPOINT)"
+        return (
+            f"{base}/v1/metrics (the default; set OTEL_EXPORTER_OTLP_ENDPOINT)"
+            if proto != "grpc"
+            else f"{base} (the default; set OTEL_EXPORTER_OTLP_ENDPOINT)"
+        )
     name, value = found
     # The signal-specific variable is used as given; the generic one gets /v1/metrics over HTTP.
     url = value if name.endswith("METRICS_ENDPOINT") or proto == "grpc" else f"{value.removesuffix('/')}/v1/metrics"
@@ -103,16 +117,21 @@ def push_from_environment(ident: Identity, environ: Mapping[str, str] | None = N
 
         from memexporter.otel.reporting import ReportingExporter
     except ImportError as exc:
-        raise OtelSetupError(f"MEMEXPORTER_OTEL=1 needs the OpenTelemetry SDK ({exc.name or exc} is missing): "
-                             "pip install 'memexporter[otel]'") from None
+        raise OtelSetupError(
+            f"MEMEXPORTER_OTEL=1 needs the OpenTelemetry SDK ({exc.name or exc} is missing): "
+            "pip install 'memexporter[otel]'"
+        ) from None
     module, package, extra = PROTOCOLS[proto]
     try:
         exporter_class = importlib.import_module(module).OTLPMetricExporter
     except ImportError as exc:
-        name = next((n for n in ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") if env.get(n)),
-                    "OTEL_EXPORTER_OTLP_PROTOCOL")
-        raise OtelSetupError(f"{name}={proto!r} needs {package} ({exc.name or exc} is missing): "
-                             f"pip install 'memexporter[{extra}]'") from None
+        name = next(
+            (n for n in ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") if env.get(n)),
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        )
+        raise OtelSetupError(
+            f"{name}={proto!r} needs {package} ({exc.name or exc} is missing): pip install 'memexporter[{extra}]'"
+        ) from None
     where = target(env, proto)
     try:
         inner = exporter_class()  # reads the OTEL_EXPORTER_OTLP_* variables itself

@@ -16,5 +16,14 @@ from memexporter.rules.cli import main
 from memexporter.rules.params import PEER_LABELS, PRESETS, SEVERITIES, RulesConfig, duration, parse_peer_labels
 from memexporter.rules.rendering import render, render_config
 
-__all__ = ["PEER_LABELS", "PRESETS", "SEVERITIES", "RulesConfig", "duration", "main", "parse_peer_labels",
-           "render", "render_config"]
+__all__ = [
+    "PEER_LABELS",
+    "PRESETS",
+    "SEVERITIES",
+    "RulesConfig",
+    "duration",
+    "main",
+    "parse_peer_labels",
+    "render",
+    "render_config",
+]

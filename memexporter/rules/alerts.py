@@ -31,104 +31,202 @@ def _rank_alerts(c: RulesConfig) -> list[tuple[Rule, Twin | None]]:
     """Each alert per rank (its expression reads its condition: ``conditions.py``) and its run twin."""
     r = {name: cond.reader for name, cond in CONDITIONS.items()}
     return [
-        (Rule("MemexporterOOMPredicted", expr=r["MemexporterOOMPredicted"],
-              why="Level AND forecast AND for: (node-mixin filling up). The forecast is the sooner of two ETAs:\n"
-              "the exporter's from its first steps (its warm-up, noise and pace gates keep start-up creep\n"
-              "out), and Prometheus' only once it has a full trend window of steps without a restart.",
-              for_=c.predicted_for, severity="warning", summary="Training memory is predicted to run out within %(predicted_horizon)s.",
-              description="%(who)s is predicted to run out of memory in {{ $value | humanizeDuration }}: its per-step peak, "
-              "over %(predicted_min_pct)s of the limit, keeps growing."),
-         Twin(summary="Training memory of several ranks of a run is predicted to run out within %(predicted_horizon)s.",
-              description="%(run_who)s: %(n_of_m)s are predicted to run out of memory within %(predicted_horizon)s; the "
-              "soonest: %(worst)s. A cause that every rank shares (the code, the model, the data): fix it once.",
-              pick="min", shows="in {{ value . | humanizeDuration }}")),
-        (Rule("MemexporterOOMImminent", expr=r["MemexporterOOMImminent"],
-              why="Headroom nearly gone, or a short ETA with little headroom: on the step peak, training alone.\n"
-              "Or the last occurrence of an out-of-step phase (an evaluation, a checkpoint) nearly filled the\n"
-              "limit: the exporter keeps those phases out of the step peak (so an evaluation spike no longer\n"
-              "feeds the forecast), so they get their own headroom gate; the next occurrence can OOM. The\n"
-              "forecast arm stays on training peaks. The value is the step peak's utilisation, or on the\n"
-              "phase arm the phase's (with the step peak's labels, so this arm waits for a completed step).",
-              for_=c.imminent_for, severity=c.critical_severity, summary="Training memory is about to run out.",
-              description="%(who)s peaks at {{ $value | humanizePercentage }} of its limit (in its training steps or, when "
-              "that is higher, in its last evaluation or checkpoint), or is growing towards it within "
-              "%(imminent_horizon)s: it is about to run out of memory."),
-         Twin(summary="Training memory of several ranks of a run is about to run out.",
-              description="%(run_who)s: %(n_of_m)s are about to run out of memory; the fullest: %(worst)s. A cause "
-              "that every rank shares (the batch, the model, an evaluation, a leak): fix it once.",
-              pick="max", shows=f"at {_PCT} of its limit")),
-        (Rule("MemexporterMemoryLeak", expr=r["MemexporterMemoryLeak"],
-              why="The exporter's slope, from its first steps; once Prometheus' median trend of the baseline\n"
-              "has a full window (no restart in it), it must agree that the baseline grows.",
-              for_=c.leak_for, severity="warning", summary="Memory held between training steps keeps growing.",
-              description="%(who)s holds more memory between steps every hour: its baseline grows by "
-              "{{ $value | humanizePercentage }} of the limit per hour."),
-         Twin(summary="Memory held between training steps keeps growing on several ranks of a run.",
-              description="%(run_who)s: %(n_of_m)s hold more memory between steps every hour; the fastest: %(worst)s. "
-              "A leak in code that every rank runs: find it on one rank.",
-              pick="max", shows=f"{_PCT} of its limit per hour")),
-        (Rule("MemexporterAllocatorThrashing", expr=r["MemexporterAllocatorThrashing"],
-              why="Retries in every window for the whole for: a sustained pattern, not one burst.",
-              for_=c.thrashing_for, severity="warning", summary="The CUDA caching allocator keeps retrying allocations.",
-              description='%(who)s retried cudaMalloc about {{ $value | printf "%%.0f" }} times in the last %(thrashing_window)s '
-              "after freeing its cache: steps slow down and an OOM is close."),
-         Twin(summary="The CUDA caching allocator keeps retrying allocations on several ranks of a run.",
-              description="%(run_who)s: %(n_of_m)s keep retrying cudaMalloc after freeing their cache; the most: %(worst)s. "
-              "Steps slow down and an OOM is close.", pick="max", shows=f"{_COUNT} retries in the last %(thrashing_window)s")),
-        (Rule("MemexporterOOMOccurred", expr=r["MemexporterOOMOccurred"],
-              why="increase() counts across a restart (a reset adds the new value) as long as the restart\n"
-              "gap is shorter than the window.", for_=0, severity="warning", summary="A training process ran out of memory.",
-              description='%(who)s raised about {{ $value | printf "%%.0f" }} CUDA out-of-memory error(s) '
-              "in the last %(oom_window)s."),
-         Twin(summary="Several ranks of a run ran out of memory.",
-              description="%(run_who)s: %(n_of_m)s raised CUDA out-of-memory errors in the last %(oom_window)s; the most: "
-              "%(worst)s.", pick="max", shows=f"about {_COUNT}")),
-        (Rule("MemexporterFatalOOMSuspected", expr=r["MemexporterFatalOOMSuspected"],
-              why="A fatal OOM (an uncaught CUDA OOM, the kernel's OOM killer) ends the process before the next\n"
-              "scrape, so OOMOccurred never sees it: the series just stop. This fires when they stop (the\n"
-              "target is down or gone) while the last step peak was near the limit. A target that is up\n"
-              "but lacks the series has a failing collector (CollectorFailing), not a dead process. The run\n"
-              "of a rank that is gone: its last run_info within the window.",
-              for_=c.lost_for, severity="warning", summary="A training process died near its memory limit: probably an OOM.",
-              description="%(who)s stopped answering scrapes right after its per-step peak reached "
-              "{{ $value | humanizePercentage }} of its limit: it probably died of an out-of-memory error, an "
-              "uncaught CUDA OOM or the kernel's OOM killer. Check its exit status and log."),
-         Twin(summary="Several ranks of a run died near their memory limit: probably an OOM.",
-              description="%(run_who)s: {{ $value }} ranks stopped answering scrapes right after their per-step peaks came "
-              "near their limits (%(answering)s ranks of the run still answer); the fullest: %(worst)s. The run "
-              "probably died of an out-of-memory error: check the exit status and log of that rank first.",
-              pick="max", shows=f"at {_PCT} of its limit")),
-        (Rule("MemexporterFragmentationHigh", expr=r["MemexporterFragmentationHigh"],
-              why="A high ratio that also wastes a real share of the limit.", for_=c.fragmentation_for, severity="warning",
-              summary="CUDA memory is highly fragmented.",
-              description="%(who)s: {{ $value | humanizePercentage }} of the memory reserved by the caching allocator sits in "
-              "inactive split blocks (average over %(fragmentation_window)s)."),
-         Twin(summary="CUDA memory is highly fragmented on several ranks of a run.",
-              description="%(run_who)s: %(n_of_m)s keep much of the memory their caching allocator reserved in inactive "
-              "split blocks; the most: %(worst)s.", pick="max", shows=f"{_PCT} (average over %(fragmentation_window)s)")),
-        (Rule("MemexporterRankImbalance", expr=_EXCESS + " > %(imbalance_min_excess)s",
-              why="Medians over half the trend window, so an evaluation spike on rank 0 does not count.",
-              for_=c.imbalance_for, severity="warning", summary="One rank uses far more memory than its peers.",
-              description="%(who)s has a typical per-step peak {{ $value | humanizePercentage }} of its limit above the "
-              "median rank of its training run (peers share %(peer_labels)s). The whole run stops when this rank "
-              "runs out of memory."), None),
-        (Rule("MemexporterCollectorFailing", expr=r["MemexporterCollectorFailing"],
-              why="A collector that fails loses only its own series, so nothing else shows it.",
-              for_=c.collector_for, severity="warning", summary="A memexporter collector is failing.",
-              description="Collector {{ $labels.collector }} of rank {{ $labels.rank }} of job {{ $labels.job }} on "
-              "{{ $labels.instance }} succeeded in only {{ $value | humanizePercentage }} of scrapes over the "
-              "last %(collector_window)s: its series are missing. The exporter's log names the error."),
-         Twin(summary="A memexporter collector is failing on several ranks of a run.",
-              description="%(run_who)s: collector {{ $labels.collector }} is failing on %(n_of_m)s; the worst: %(worst)s. "
-              "Its series are missing; the exporter's log names the error (one cause for the whole run: a "
-              "driver, a library, the container's permissions).",
-              pick="min", shows=f"{_PCT} of scrapes over the last %(collector_window)s", by=("collector",))),
-        (stalled_alert(c, r["MemexporterTrainingStalled"]),
-         Twin(summary="A training run has stopped making progress on several ranks.",
-              description="%(run_who)s: %(n_of_m)s have not finished a training step for longer than their rhythm allows, "
-              "while their processes still answer scrapes; the longest: %(worst)s. It is probably hung: dump "
-              "the stacks of every rank with py-spy; the rank waiting somewhere else than its peers is the one.",
-              pick="max", shows="for {{ value . | humanizeDuration }}")),
+        (
+            Rule(
+                "MemexporterOOMPredicted",
+                expr=r["MemexporterOOMPredicted"],
+                why="Level AND forecast AND for: (node-mixin filling up). The forecast is the sooner of two ETAs:\n"
+                "the exporter's from its first steps (its warm-up, noise and pace gates keep start-up creep\n"
+                "out), and Prometheus' only once it has a full trend window of steps without a restart.",
+                for_=c.predicted_for,
+                severity="warning",
+                summary="Training memory is predicted to run out within %(predicted_horizon)s.",
+                description="%(who)s is predicted to run out of memory in {{ $value | humanizeDuration }}: its per-step peak, "
+                "over %(predicted_min_pct)s of the limit, keeps growing.",
+            ),
+            Twin(
+                summary="Training memory of several ranks of a run is predicted to run out within %(predicted_horizon)s.",
+                description="%(run_who)s: %(n_of_m)s are predicted to run out of memory within %(predicted_horizon)s; the "
+                "soonest: %(worst)s. A cause that every rank shares (the code, the model, the data): fix it once.",
+                pick="min",
+                shows="in {{ value . | humanizeDuration }}",
+            ),
+        ),
+        (
+            Rule(
+                "MemexporterOOMImminent",
+                expr=r["MemexporterOOMImminent"],
+                why="Headroom nearly gone, or a short ETA with little headroom: on the step peak, training alone.\n"
+                "Or the last occurrence of an out-of-step phase (an evaluation, a checkpoint) nearly filled the\n"
+                "limit: the exporter keeps those phases out of the step peak (so an evaluation spike no longer\n"
+                "feeds the forecast), so they get their own headroom gate; the next occurrence can OOM. The\n"
+                "forecast arm stays on training peaks. The value is the step peak's utilisation, or on the\n"
+                "phase arm the phase's (with the step peak's labels, so this arm waits for a completed step).",
+                for_=c.imminent_for,
+                severity=c.critical_severity,
+                summary="Training memory is about to run out.",
+                description="%(who)s peaks at {{ $value | humanizePercentage }} of its limit (in its training steps or, when "
+                "that is higher, in its last evaluation or checkpoint), or is growing towards it within "
+                "%(imminent_horizon)s: it is about to run out of memory.",
+            ),
+            Twin(
+                summary="Training memory of several ranks of a run is about to run out.",
+                description="%(run_who)s: %(n_of_m)s are about to run out of memory; the fullest: %(worst)s. A cause "
+                "that every rank shares (the batch, the model, an evaluation, a leak): fix it once.",
+                pick="max",
+                shows=f"at {_PCT} of its limit",
+            ),
+        ),
+        (
+            Rule(
+                "MemexporterMemoryLeak",
+                expr=r["MemexporterMemoryLeak"],
+                why="The exporter's slope, from its first steps; once Prometheus' median trend of the baseline\n"
+                "has a full window (no restart in it), it must agree that the baseline grows.",
+                for_=c.leak_for,
+                severity="warning",
+                summary="Memory held between training steps keeps growing.",
+                description="%(who)s holds more memory between steps every hour: its baseline grows by "
+                "{{ $value | humanizePercentage }} of the limit per hour.",
+            ),
+            Twin(
+                summary="Memory held between training steps keeps growing on several ranks of a run.",
+                description="%(run_who)s: %(n_of_m)s hold more memory between steps every hour; the fastest: %(worst)s. "
+                "A leak in code that every rank runs: find it on one rank.",
+                pick="max",
+                shows=f"{_PCT} of its limit per hour",
+            ),
+        ),
+        (
+            Rule(
+                "MemexporterAllocatorThrashing",
+                expr=r["MemexporterAllocatorThrashing"],
+                why="Retries in every window for the whole for: a sustained pattern, not one burst.",
+                for_=c.thrashing_for,
+                severity="warning",
+                summary="The CUDA caching allocator keeps retrying allocations.",
+                description='%(who)s retried cudaMalloc about {{ $value | printf "%%.0f" }} times in the last %(thrashing_window)s '
+                "after freeing its cache: steps slow down and an OOM is close.",
+            ),
+            Twin(
+                summary="The CUDA caching allocator keeps retrying allocations on several ranks of a run.",
+                description="%(run_who)s: %(n_of_m)s keep retrying cudaMalloc after freeing their cache; the most: %(worst)s. "
+                "Steps slow down and an OOM is close.",
+                pick="max",
+                shows=f"{_COUNT} retries in the last %(thrashing_window)s",
+            ),
+        ),
+        (
+            Rule(
+                "MemexporterOOMOccurred",
+                expr=r["MemexporterOOMOccurred"],
+                why="increase() counts across a restart (a reset adds the new value) as long as the restart\n"
+                "gap is shorter than the window.",
+                for_=0,
+                severity="warning",
+                summary="A training process ran out of memory.",
+                description='%(who)s raised about {{ $value | printf "%%.0f" }} CUDA out-of-memory error(s) '
+                "in the last %(oom_window)s.",
+            ),
+            Twin(
+                summary="Several ranks of a run ran out of memory.",
+                description="%(run_who)s: %(n_of_m)s raised CUDA out-of-memory errors in the last %(oom_window)s; the most: "
+                "%(worst)s.",
+                pick="max",
+                shows=f"about {_COUNT}",
+            ),
+        ),
+        (
+            Rule(
+                "MemexporterFatalOOMSuspected",
+                expr=r["MemexporterFatalOOMSuspected"],
+                why="A fatal OOM (an uncaught CUDA OOM, the kernel's OOM killer) ends the process before the next\n"
+                "scrape, so OOMOccurred never sees it: the series just stop. This fires when they stop (the\n"
+                "target is down or gone) while the last step peak was near the limit. A target that is up\n"
+                "but lacks the series has a failing collector (CollectorFailing), not a dead process. The run\n"
+                "of a rank that is gone: its last run_info within the window.",
+                for_=c.lost_for,
+                severity="warning",
+                summary="A training process died near its memory limit: probably an OOM.",
+                description="%(who)s stopped answering scrapes right after its per-step peak reached "
+                "{{ $value | humanizePercentage }} of its limit: it probably died of an out-of-memory error, an "
+                "uncaught CUDA OOM or the kernel's OOM killer. Check its exit status and log.",
+            ),
+            Twin(
+                summary="Several ranks of a run died near their memory limit: probably an OOM.",
+                description="%(run_who)s: {{ $value }} ranks stopped answering scrapes right after their per-step peaks came "
+                "near their limits (%(answering)s ranks of the run still answer); the fullest: %(worst)s. The run "
+                "probably died of an out-of-memory error: check the exit status and log of that rank first.",
+                pick="max",
+                shows=f"at {_PCT} of its limit",
+            ),
+        ),
+        (
+            Rule(
+                "MemexporterFragmentationHigh",
+                expr=r["MemexporterFragmentationHigh"],
+                why="A high ratio that also wastes a real share of the limit.",
+                for_=c.fragmentation_for,
+                severity="warning",
+                summary="CUDA memory is highly fragmented.",
+                description="%(who)s: {{ $value | humanizePercentage }} of the memory reserved by the caching allocator sits in "
+                "inactive split blocks (average over %(fragmentation_window)s).",
+            ),
+            Twin(
+                summary="CUDA memory is highly fragmented on several ranks of a run.",
+                description="%(run_who)s: %(n_of_m)s keep much of the memory their caching allocator reserved in inactive "
+                "split blocks; the most: %(worst)s.",
+                pick="max",
+                shows=f"{_PCT} (average over %(fragmentation_window)s)",
+            ),
+        ),
+        (
+            Rule(
+                "MemexporterRankImbalance",
+                expr=_EXCESS + " > %(imbalance_min_excess)s",
+                why="Medians over half the trend window, so an evaluation spike on rank 0 does not count.",
+                for_=c.imbalance_for,
+                severity="warning",
+                summary="One rank uses far more memory than its peers.",
+                description="%(who)s has a typical per-step peak {{ $value | humanizePercentage }} of its limit above the "
+                "median rank of its training run (peers share %(peer_labels)s). The whole run stops when this rank "
+                "runs out of memory.",
+            ),
+            None,
+        ),
+        (
+            Rule(
+                "MemexporterCollectorFailing",
+                expr=r["MemexporterCollectorFailing"],
+                why="A collector that fails loses only its own series, so nothing else shows it.",
+                for_=c.collector_for,
+                severity="warning",
+                summary="A memexporter collector is failing.",
+                description="Collector {{ $labels.collector }} of rank {{ $labels.rank }} of job {{ $labels.job }} on "
+                "{{ $labels.instance }} succeeded in only {{ $value | humanizePercentage }} of scrapes over the "
+                "last %(collector_window)s: its series are missing. The exporter's log names the error.",
+            ),
+            Twin(
+                summary="A memexporter collector is failing on several ranks of a run.",
+                description="%(run_who)s: collector {{ $labels.collector }} is failing on %(n_of_m)s; the worst: %(worst)s. "
+                "Its series are missing; the exporter's log names the error (one cause for the whole run: a "
+                "driver, a library, the container's permissions).",
+                pick="min",
+                shows=f"{_PCT} of scrapes over the last %(collector_window)s",
+                by=("collector",),
+            ),
+        ),
+        (
+            stalled_alert(c, r["MemexporterTrainingStalled"]),
+            Twin(
+                summary="A training run has stopped making progress on several ranks.",
+                description="%(run_who)s: %(n_of_m)s have not finished a training step for longer than their rhythm allows, "
+                "while their processes still answer scrapes; the longest: %(worst)s. It is probably hung: dump "
+                "the stacks of every rank with py-spy; the rank waiting somewhere else than its peers is the one.",
+                pick="max",
+                shows="for {{ value . | humanizeDuration }}",
+            ),
+        ),
     ]
 
 
@@ -160,5 +258,8 @@ def alert_groups(c: RulesConfig) -> list[tuple[str, list[Rule]]]:
         return [r for r in rules if r.name in names or r.name in {CONDITIONS[n].record.name for n in names}]
 
     forecast, leak = of(FORECASTS), of(LEAKS)
-    return [("memexporter.forecast", forecast), ("memexporter.leak", leak),
-            ("memexporter.alerts", [r for r in rules if r not in forecast and r not in leak])]
+    return [
+        ("memexporter.forecast", forecast),
+        ("memexporter.leak", leak),
+        ("memexporter.alerts", [r for r in rules if r not in forecast and r not in leak]),
+    ]

@@ -14,19 +14,31 @@ from memexporter.rules.rendering import render
 def main(argv: list[str] | None = None) -> int:
     """``memexporter rules``: print (or write) the rendered rules."""
     parser = argparse.ArgumentParser(
-        prog="memexporter rules", description="Print the memexporter Prometheus recording and alerting rules.")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                        help="parameter set (default: %(default)s)")
+        prog="memexporter rules", description="Print the memexporter Prometheus recording and alerting rules."
+    )
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), default="default", help="parameter set (default: %(default)s)"
+    )
     default_selector = RulesConfig.selector.replace("%", "%%")  # argparse %-formats help texts
-    parser.add_argument("--selector", help="PromQL label matchers for every series, comma-separated, values "
-                        f"quoted: e.g. 'job=\"trainer\"' or 'namespace=\"ml\",job=~\"trainer-.*\"' "
-                        f"(default: {default_selector})")
-    parser.add_argument("--critical-severity", choices=SEVERITIES, help="severity of the alerts that page, "
-                        "MemexporterOOMImminent and MemexporterTrainingStalled (warning: never page)")
-    parser.add_argument("--peer-labels", metavar="LABELS",
-                        help="comma-separated labels that name one training run; MemexporterRankImbalance "
-                        "compares the ranks that share them, and a label a series lacks counts as empty "
-                        f"(default: {RulesConfig.peer_labels.replace(' ', '')})")
+    parser.add_argument(
+        "--selector",
+        help="PromQL label matchers for every series, comma-separated, values "
+        f'quoted: e.g. \'job="trainer"\' or \'namespace="ml",job=~"trainer-.*"\' '
+        f"(default: {default_selector})",
+    )
+    parser.add_argument(
+        "--critical-severity",
+        choices=SEVERITIES,
+        help="severity of the alerts that page, "
+        "MemexporterOOMImminent and MemexporterTrainingStalled (warning: never page)",
+    )
+    parser.add_argument(
+        "--peer-labels",
+        metavar="LABELS",
+        help="comma-separated labels that name one training run; MemexporterRankImbalance "
+        "compares the ranks that share them, and a label a series lacks counts as empty "
+        f"(default: {RulesConfig.peer_labels.replace(' ', '')})",
+    )
     parser.add_argument("--runbook-url", help="base URL of runbook.md; the anchor #<alertname lowercased> is appended")
     parser.add_argument("--output", metavar="FILE", help="write to FILE instead of stdout")
     kube.add_rules_arguments(parser)
@@ -45,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         # Said like `dashboards --output` says it: a write that succeeds is not silent.
         alerts, records = (len(re.findall(rf"^\s*- {kind}:", text, re.M)) for kind in ("alert", "record"))
-        print(f"wrote {args.output}: {alerts} alerts and {records} recording rules (preset {args.preset})",
-              file=sys.stderr)
+        print(
+            f"wrote {args.output}: {alerts} alerts and {records} recording rules (preset {args.preset})",
+            file=sys.stderr,
+        )
     else:
         sys.stdout.write(text)
     return 0

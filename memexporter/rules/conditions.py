@@ -22,8 +22,10 @@ _UTIL = "rank_device:memexporter_memory_peak_utilisation:ratio{%(sel)s}"
 _ETA = "rank_device:memexporter_oom_eta_seconds:min{%(sel)s}"
 # The run of a rank that is gone (FatalOOMSuspected): its last info within the window.
 _LOST_INFO = f"topk by (job, instance, rank) (1, last_over_time({INFO}{{%(sel)s}}[%(lost_window)s]))"
-_WHY = ("The condition of the alerts below, per rank: present while it holds, with their value. Recorded\n"
-        "once, so that the rank alert, its run twin and the twin's description do not each evaluate it.")
+_WHY = (
+    "The condition of the alerts below, per rank: present while it holds, with their value. Recorded\n"
+    "once, so that the rank alert, its run twin and the twin's description do not each evaluate it."
+)
 
 
 @dataclass(frozen=True)
@@ -37,47 +39,59 @@ class Condition:
 def _condition(name: str, expr: str, info: str = "", joined: bool = False) -> Condition:
     """``joined``: ``expr`` reads records that carry the run_id already."""
     selected = name + "{%(sel)s}"
-    return Condition(Rule(name, expr=expr, why=_WHY), selected if joined else with_run(selected, *([info] if info else [])))
+    return Condition(
+        Rule(name, expr=expr, why=_WHY), selected if joined else with_run(selected, *([info] if info else []))
+    )
 
 
 CONDITIONS = {
     "MemexporterOOMPredicted": _condition(
         "rank_device:memexporter_oom_predicted:condition",
-        f"{_ETA} < %(predicted_horizon_s)s\nand\n{_UTIL} > %(predicted_min_utilisation)s", joined=True),
+        f"{_ETA} < %(predicted_horizon_s)s\nand\n{_UTIL} > %(predicted_min_utilisation)s",
+        joined=True,
+    ),
     # The phase arm's value is the phase's peak (with the step peak's labels: it waits for a step).
     "MemexporterOOMImminent": _condition(
         "rank_device:memexporter_oom_imminent:condition",
         f"{_UTIL} > %(imminent_full_utilisation)s\nor\n(\n  {_UTIL} > %(imminent_min_utilisation)s\n"
         f"  and\n  {_ETA} < %(imminent_horizon_s)s\n)\nor\n(\n  0 * {_UTIL}\n"
         "  + on(job, instance, rank, device) group_left()\n"
-        f"  max without (phase) ({PHASE_UTIL}{{%(sel)s}})\n) > %(imminent_full_utilisation)s", joined=True),
+        f"  max without (phase) ({PHASE_UTIL}{{%(sel)s}})\n) > %(imminent_full_utilisation)s",
+        joined=True,
+    ),
     "MemexporterMemoryLeak": _condition(
         "rank_device:memexporter_memory_leak:condition",
         "memexporter_leak_rate_bytes_per_second{%(sel)s} * 3600 / memexporter_memory_limit_bytes{%(sel)s}\n"
         "  > %(leak_min_growth_per_hour)s\nunless on(job, instance, rank, device)\n"
-        "rank_device:memexporter_memory_baseline_bytes:deriv{%(sel)s} <= 0"),
+        "rank_device:memexporter_memory_baseline_bytes:deriv{%(sel)s} <= 0",
+    ),
     "MemexporterAllocatorThrashing": _condition(
         "rank_device:memexporter_allocator_thrashing:condition",
-        "increase(memexporter_allocator_alloc_retries_total{%(sel)s}[%(thrashing_window)s]) > 0"),
+        "increase(memexporter_allocator_alloc_retries_total{%(sel)s}[%(thrashing_window)s]) > 0",
+    ),
     "MemexporterOOMOccurred": _condition(
         "rank_device:memexporter_oom_occurred:condition",
-        "increase(memexporter_allocator_ooms_total{%(sel)s}[%(oom_window)s]) > 0"),
+        "increase(memexporter_allocator_ooms_total{%(sel)s}[%(oom_window)s]) > 0",
+    ),
     "MemexporterFatalOOMSuspected": _condition(
         "rank_device:memexporter_fatal_oom_suspected:condition",
         "last_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(lost_window)s])\n"
         "  / last_over_time(memexporter_memory_limit_bytes{%(sel)s}[%(lost_window)s])\n"
         "  > %(lost_min_utilisation)s\n"
         "unless on(job, instance, rank, device) memexporter_memory_peak_bytes{%(sel)s}\n"
-        "unless on(job, instance) up{%(sel)s} == 1", _LOST_INFO),
+        "unless on(job, instance) up{%(sel)s} == 1",
+        _LOST_INFO,
+    ),
     "MemexporterFragmentationHigh": _condition(
         "rank_device:memexporter_fragmentation_high:condition",
         "avg_over_time(memexporter_allocator_fragmentation_ratio{%(sel)s}[%(fragmentation_window)s])\n"
         "  > %(fragmentation_min_ratio)s\nand\n"
         "avg_over_time(memexporter_allocator_inactive_split_bytes{%(sel)s}[%(fragmentation_window)s])\n"
-        "  / memexporter_memory_limit_bytes{%(sel)s} > %(fragmentation_min_waste)s"),
+        "  / memexporter_memory_limit_bytes{%(sel)s} > %(fragmentation_min_waste)s",
+    ),
     "MemexporterCollectorFailing": _condition(
         "rank_collector:memexporter_collector_failing:condition",
-        "avg_over_time(memexporter_collector_success{%(sel)s}[%(collector_window)s]) < %(collector_min_success)s"),
-    "MemexporterTrainingStalled": _condition(
-        "rank:memexporter_training_stalled:condition", STALLED, joined=True),
+        "avg_over_time(memexporter_collector_success{%(sel)s}[%(collector_window)s]) < %(collector_min_success)s",
+    ),
+    "MemexporterTrainingStalled": _condition("rank:memexporter_training_stalled:condition", STALLED, joined=True),
 }

@@ -79,11 +79,29 @@ class RulesConfig:
     def demo(cls) -> RulesConfig:
         """Windows in seconds so ``memexporter demo`` and the end-to-end test fire in minutes.
         Assumes scrape and evaluation intervals of 5 s or less; thresholds are the defaults'."""
-        return cls(level_window=30, trend_window=120, predicted_horizon=600, predicted_for=30,
-                   imminent_horizon=120, imminent_for=30, leak_for=30, thrashing_window=60,
-                   thrashing_for=30, oom_window=60, lost_window=60, lost_for=10, fragmentation_window=60,
-                   fragmentation_for=60, imbalance_for=60, collector_window=60, collector_for=60,
-                   stalled_floor=60, stalled_phase_floor=120, stalled_for=30, run_lead_for=10)
+        return cls(
+            level_window=30,
+            trend_window=120,
+            predicted_horizon=600,
+            predicted_for=30,
+            imminent_horizon=120,
+            imminent_for=30,
+            leak_for=30,
+            thrashing_window=60,
+            thrashing_for=30,
+            oom_window=60,
+            lost_window=60,
+            lost_for=10,
+            fragmentation_window=60,
+            fragmentation_for=60,
+            imbalance_for=60,
+            collector_window=60,
+            collector_for=60,
+            stalled_floor=60,
+            stalled_phase_floor=120,
+            stalled_for=30,
+            run_lead_for=10,
+        )
 
 
 PRESETS: Mapping[str, RulesConfig] = {"default": RulesConfig.default(), "demo": RulesConfig.demo()}
@@ -102,11 +120,15 @@ def parse_peer_labels(text: str) -> tuple[str, ...]:
         raise ValueError("memexporter: peer labels must name at least one label, e.g. 'job,run_id'")
     for name in names:
         if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
-            raise ValueError(f"memexporter: peer label {name!r} (in {text!r}) is not a label name "
-                             "([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)")
+            raise ValueError(
+                f"memexporter: peer label {name!r} (in {text!r}) is not a label name "
+                "([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
+            )
         if name in NOT_PEER_LABELS:
-            raise ValueError(f"memexporter: peer label {name!r} (in {text!r}) differs between the ranks of one "
-                             f"run; peer labels name the run, e.g. {', '.join(PEER_LABELS)}")
+            raise ValueError(
+                f"memexporter: peer label {name!r} (in {text!r}) differs between the ranks of one "
+                f"run; peer labels name the run, e.g. {', '.join(PEER_LABELS)}"
+            )
     if len(set(names)) != len(names):
         raise ValueError(f"memexporter: peer labels {text!r} repeat a label")
     return names
@@ -125,6 +147,8 @@ def check(c: RulesConfig) -> None:
         raise ValueError(f"memexporter: critical_severity must be one of {SEVERITIES}, got {c.critical_severity!r}")
     parse_peer_labels(c.peer_labels)
     if c.run_min_ranks < 2:
-        raise ValueError(f"memexporter: run_min_ranks must be 2 or more (one rank is its own page), got {c.run_min_ranks!r}")
+        raise ValueError(
+            f"memexporter: run_min_ranks must be 2 or more (one rank is its own page), got {c.run_min_ranks!r}"
+        )
     if not c.stalled_factor > 0:
         raise ValueError(f"memexporter: stalled_factor must be a positive number, got {c.stalled_factor!r}")

@@ -68,7 +68,8 @@ def info_record() -> Rule:
         ")",
         why="One series per rank (value 1) carrying its run: run_id from the exporter's run_info (a run_id\n"
         "target label wins: the exporter's is then exported_run_id, dropped here), or, from an exporter\n"
-        "without run_info, the target labels of its build_info. The rules join it on job, instance, rank.")
+        "without run_info, the target labels of its build_info. The rules join it on job, instance, rank.",
+    )
 
 
 def run_records() -> list[Rule]:
@@ -76,24 +77,48 @@ def run_records() -> list[Rule]:
     by = "%(run_by)s, device_kind"
     util = kind(_UTIL + "{%(sel)s}")
     return [
-        Rule(RANKS, expr=f"count by (%(run_by)s) ({INFO}{{%(sel)s}})",
-             why="Ranks of each run that answer scrapes (from run_info, or build_info for an older exporter)."),
-        Rule("run_device_kind:memexporter_memory_peak_utilisation:max", expr=f"max by ({by}) ({util})",
-             why="The highest peak utilisation (0..1) among the ranks of each run, per kind of device."),
-        Rule("run_device_kind:memexporter_memory_peak_utilisation:worst_rank", expr=f"topk by ({by}) (1, {util})",
-             why="The same value, with the labels of the rank that holds it (instance, rank, device): one\n"
-             "series per run and kind of device."),
-        Rule("run_device_kind:memexporter_memory_peak_utilisation:spread",
-             expr=f"max by ({by}) ({util})\n-\nmin by ({by}) ({util})",
-             why="Highest minus lowest peak utilisation among the ranks of each run: 0 when balanced."),
-        Rule("run_device_kind:memexporter_oom_eta_seconds:min", expr=f"min by ({by}) ({kind(_ETA + '{%(sel)s}')})",
-             why="The soonest OOM ETA among the ranks of each run (+Inf when no rank grows)."),
-        *[Rule(f"run_device_kind:memexporter_{name}:{op}",
-               expr=f"{op} by ({by}) (\n{indent(kind(with_run(f'memexporter_{name}{{%(sel)s}}')), 2)}\n)", why=why)
-          for name, op, why in (
-              ("memory_used_bytes", "sum", "Memory in use now, summed over the ranks of each run."),
-              ("memory_limit_bytes", "sum", "The limits, summed over the ranks of each run."),
-              ("leak_rate_bytes_per_second", "max", "The fastest leak (baseline growth, bytes/s) among the ranks of each run."))],
+        Rule(
+            RANKS,
+            expr=f"count by (%(run_by)s) ({INFO}{{%(sel)s}})",
+            why="Ranks of each run that answer scrapes (from run_info, or build_info for an older exporter).",
+        ),
+        Rule(
+            "run_device_kind:memexporter_memory_peak_utilisation:max",
+            expr=f"max by ({by}) ({util})",
+            why="The highest peak utilisation (0..1) among the ranks of each run, per kind of device.",
+        ),
+        Rule(
+            "run_device_kind:memexporter_memory_peak_utilisation:worst_rank",
+            expr=f"topk by ({by}) (1, {util})",
+            why="The same value, with the labels of the rank that holds it (instance, rank, device): one\n"
+            "series per run and kind of device.",
+        ),
+        Rule(
+            "run_device_kind:memexporter_memory_peak_utilisation:spread",
+            expr=f"max by ({by}) ({util})\n-\nmin by ({by}) ({util})",
+            why="Highest minus lowest peak utilisation among the ranks of each run: 0 when balanced.",
+        ),
+        Rule(
+            "run_device_kind:memexporter_oom_eta_seconds:min",
+            expr=f"min by ({by}) ({kind(_ETA + '{%(sel)s}')})",
+            why="The soonest OOM ETA among the ranks of each run (+Inf when no rank grows).",
+        ),
+        *[
+            Rule(
+                f"run_device_kind:memexporter_{name}:{op}",
+                expr=f"{op} by ({by}) (\n{indent(kind(with_run(f'memexporter_{name}{{%(sel)s}}')), 2)}\n)",
+                why=why,
+            )
+            for name, op, why in (
+                ("memory_used_bytes", "sum", "Memory in use now, summed over the ranks of each run."),
+                ("memory_limit_bytes", "sum", "The limits, summed over the ranks of each run."),
+                (
+                    "leak_rate_bytes_per_second",
+                    "max",
+                    "The fastest leak (baseline growth, bytes/s) among the ranks of each run.",
+                ),
+            )
+        ],
     ]
 
 
@@ -135,21 +160,37 @@ def run_alert(rank: Rule, twin: Twin, c: RulesConfig, p: Mapping[str, str]) -> R
     # Every rank at the run's worst value, sorted by rank (as text): the same rank at every evaluation
     # when they tie (ranks that run the same code often leak exactly alike).
     fmt = f"({cond}) == on({by}) group_left() {twin.pick} by ({by}) ({cond}) and on({by}) {_vector(names)}"
-    worst = (f"{{{{ with printf {_go(fmt)} {args} | query | sortByLabel \"rank\" }}}}{{{{ with first . }}}}"
-             "rank {{ label \"rank\" . }} on "
-             '{{ label "instance" . }}{{ with label "device" . }} ({{ . }}){{ end }}, '
-             f"{twin.shows % p}{{{{ end }}}}{{{{ end }}}}")
+    worst = (
+        f'{{{{ with printf {_go(fmt)} {args} | query | sortByLabel "rank" }}}}{{{{ with first . }}}}'
+        'rank {{ label "rank" . }} on '
+        '{{ label "instance" . }}{{ with label "device" . }} ({{ . }}){{ end }}, '
+        f"{twin.shows % p}{{{{ end }}}}{{{{ end }}}}"
+    )
     own = [n for n in names if n not in twin.by]
     own_args = " ".join(f'(index $labels "{n}")' for n in own)
-    count = (f'printf "{RANKS}{{{",".join(f"{n}=%q" for n in own)}}}" {own_args} '
-             "| query")
-    extra = {**p, "worst": worst,
-             "n_of_m": f"{{{{ $value }}}}{{{{ with {count} }}}} of {{{{ . | first | value }}}}{{{{ end }}}} ranks",
-             "answering": f"{{{{ with {count} }}}}{{{{ . | first | value }}}}{{{{ else }}}}no{{{{ end }}}}"}
-    expr = (f"count by ({by}) (\n  count by ({by}, instance, rank) (\n{indent(rank.expr, 4)}\n  )\n)"
-            " >= %(run_min_ranks)s")
-    why = (f"One alert per run while {c.run_min_ranks} or more of its ranks meet the condition above: a cause\n"
-           "that every rank shares is one notification, and Alertmanager mutes the rank alerts of the run.\n"
-           "Its for: ends sooner than theirs, so that it fires no later than the first of them.")
-    return Rule(rank.name, expr=expr, why=why, for_=run_for(c, rank.for_), severity=rank.severity, summary=twin.summary % p,
-                description=twin.description % extra, scope="run", rendered=True)
+    count = f'printf "{RANKS}{{{",".join(f"{n}=%q" for n in own)}}}" {own_args} | query'
+    extra = {
+        **p,
+        "worst": worst,
+        "n_of_m": f"{{{{ $value }}}}{{{{ with {count} }}}} of {{{{ . | first | value }}}}{{{{ end }}}} ranks",
+        "answering": f"{{{{ with {count} }}}}{{{{ . | first | value }}}}{{{{ else }}}}no{{{{ end }}}}",
+    }
+    expr = (
+        f"count by ({by}) (\n  count by ({by}, instance, rank) (\n{indent(rank.expr, 4)}\n  )\n) >= %(run_min_ranks)s"
+    )
+    why = (
+        f"One alert per run while {c.run_min_ranks} or more of its ranks meet the condition above: a cause\n"
+        "that every rank shares is one notification, and Alertmanager mutes the rank alerts of the run.\n"
+        "Its for: ends sooner than theirs, so that it fires no later than the first of them."
+    )
+    return Rule(
+        rank.name,
+        expr=expr,
+        why=why,
+        for_=run_for(c, rank.for_),
+        severity=rank.severity,
+        summary=twin.summary % p,
+        description=twin.description % extra,
+        scope="run",
+        rendered=True,
+    )

@@ -21,8 +21,10 @@ Matcher = tuple[str, str, str]
 
 
 def _fail(text: str, why: str) -> ValueError:
-    return ValueError(f"memexporter: selector {text!r} is not a PromQL label-matcher list: {why} "
-                      "(expected e.g. 'job=\"trainer\"' or 'namespace=\"ml\",job=~\"trainer-.*\"')")
+    return ValueError(
+        f"memexporter: selector {text!r} is not a PromQL label-matcher list: {why} "
+        '(expected e.g. \'job="trainer"\' or \'namespace="ml",job=~"trainer-.*"\')'
+    )
 
 
 def _skip(text: str, pos: int) -> int:
@@ -38,7 +40,7 @@ def _string(text: str, pos: int, name: str, op: str) -> int:
     if quote not in ("'", '"', "`"):
         bare = re.match(r"[^,\s]*", text[pos:])
         value = bare.group(0) if bare else ""
-        raise _fail(text, f"the value of {name} must be a quoted string, e.g. {name}{op}\"{value}\"")
+        raise _fail(text, f'the value of {name} must be a quoted string, e.g. {name}{op}"{value}"')
     i = pos + 1
     while i < len(text):
         ch = text[i]
@@ -52,8 +54,11 @@ def _string(text: str, pos: int, name: str, op: str) -> int:
                 continue
             esc = _ESCAPE.match(text, i)
             if esc is None:
-                raise _fail(text, f"unknown escape sequence {text[i:i + 2]!r} in the value of {name}; a regular "
-                                  "expression's backslash is written twice inside quotes, e.g. \"\\\\d+\"")
+                raise _fail(
+                    text,
+                    f"unknown escape sequence {text[i : i + 2]!r} in the value of {name}; a regular "
+                    'expression\'s backslash is written twice inside quotes, e.g. "\\\\d+"',
+                )
             i = esc.end()
             continue
         i += 1
@@ -79,13 +84,17 @@ def parse_selector(text: str) -> tuple[Matcher, ...]:
             raise _fail(text, f"{name.group(0)} must be followed by one of {', '.join(OPERATORS)}")
         start = _skip(text, pos + len(op))
         if text.startswith(("=", "~", "!"), start):
-            raise _fail(text, f"{text[pos:start + 1].strip()!r} is not a matcher operator; use one of {', '.join(OPERATORS)}")
+            raise _fail(
+                text, f"{text[pos : start + 1].strip()!r} is not a matcher operator; use one of {', '.join(OPERATORS)}"
+            )
         end = _string(text, start, name.group(0), op)
         out.append((name.group(0), op, text[start:end]))
         pos = _skip(text, end)
         if pos < len(text):
             if text[pos] != ",":
-                raise _fail(text, f"matchers are separated by commas; found {text[pos:]!r} after {text[:pos].strip()!r}")
+                raise _fail(
+                    text, f"matchers are separated by commas; found {text[pos:]!r} after {text[:pos].strip()!r}"
+                )
             pos = _skip(text, pos + 1)
     if not out:
         raise _fail(text, "it is empty; to select every job write 'job=~\".+\"'")

@@ -59,20 +59,30 @@ def params(c: RulesConfig) -> dict[str, str]:
     half = c.trend_window // 2
     runs = run_labels(c)
     # "Run llm-7 of job trainer in namespace ml": a run alert's subject, from the run labels it has.
-    run_in = "".join("{{ with $labels.namespace }} in namespace {{ . }}{{ end }}" if n == "namespace" else
-                     f"{{{{ with $labels.{n} }}}} ({n} {{{{ . }}}}){{{{ end }}}}" for n in runs if n not in ("job", "run_id"))
+    run_in = "".join(
+        "{{ with $labels.namespace }} in namespace {{ . }}{{ end }}"
+        if n == "namespace"
+        else f"{{{{ with $labels.{n} }}}} ({n} {{{{ . }}}}){{{{ end }}}}"
+        for n in runs
+        if n not in ("job", "run_id")
+    )
     p.update(
-        sel=c.selector, half=duration(half), half_s=str(half),
-        peer_labels=", ".join(parse_peer_labels(c.peer_labels)), run_by=", ".join(runs),
+        sel=c.selector,
+        half=duration(half),
+        half_s=str(half),
+        peer_labels=", ".join(parse_peer_labels(c.peer_labels)),
+        run_by=", ".join(runs),
         run_who=("{{ with $labels.run_id }}Run {{ . }} of job{{ else }}Job{{ end }}" if "run_id" in runs else "Job")
-        + " {{ $labels.job }}" + run_in,
+        + " {{ $labels.job }}"
+        + run_in,
         # The rank alerts' subject, from their labels. Their run is in their labels (run_id): each
         # {{ }} costs a little on each of 1,024 alerts at every evaluation, so no more than needed.
         who="Rank {{ $labels.rank }} of job {{ $labels.job }} on {{ $labels.instance }} ({{ $labels.device }})",
-        predicted_min_pct=_pct(c.predicted_min_utilisation), stalled_times=f"{c.stalled_factor:g}",
+        predicted_min_pct=_pct(c.predicted_min_utilisation),
+        stalled_times=f"{c.stalled_factor:g}",
         # A full trend window of steps without a restart: warm-up never counts as a trend.
         uninterrupted="and on(job, instance, rank) (resets(memexporter_steps_total{%(sel)s}[%(trend_window)s]) == 0)\n"
-                      "and on(job, instance, rank) (memexporter_steps_total{%(sel)s} offset %(trend_window)s)",
+        "and on(job, instance, rank) (memexporter_steps_total{%(sel)s} offset %(trend_window)s)",
     )
     p["uninterrupted"] %= p
     p.update(phase_params())
@@ -87,29 +97,44 @@ def _median_deriv(metric: str) -> str:
 def _excess() -> str:
     """(A rank's typical peak - the median rank's of its run and kind of device) / its limit."""
     median = kind(f"{_PEAK}:median_over_time{{%(sel)s}}")
-    return ('label_replace(\n  (\n      ' + median.replace("\n", "\n      ") +
-            "\n    - on(%(peer_labels)s, device_kind) group_left()\n"
-            "      quantile by (%(peer_labels)s, device_kind) (0.5,\n        " + median.replace("\n", "\n        ") +
-            ")\n  )\n  / ignoring(device_kind, run_id) group_left()\n  memexporter_memory_limit_bytes{%(sel)s},\n"
-            '  "device_kind", "", "", ""\n)')
+    return (
+        "label_replace(\n  (\n      "
+        + median.replace("\n", "\n      ")
+        + "\n    - on(%(peer_labels)s, device_kind) group_left()\n"
+        "      quantile by (%(peer_labels)s, device_kind) (0.5,\n        "
+        + median.replace("\n", "\n        ")
+        + ")\n  )\n  / ignoring(device_kind, run_id) group_left()\n  memexporter_memory_limit_bytes{%(sel)s},\n"
+        '  "device_kind", "", "", ""\n)'
+    )
 
 
 def recording() -> list[Rule]:
     """The per-rank levels (``memexporter.rules``): peak, utilisation, median, excess, phases, stalls."""
     return [
         info_record(),
-        Rule(f"{_PEAK}:max_over_time", expr="max_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(level_window)s])",
-             why="Highest step peak over the level window: the level that the OOM gates compare to the limit."),
-        Rule(_UTIL, expr=with_run(f"{_PEAK}:max_over_time{{%(sel)s}}\n/\nmemexporter_memory_limit_bytes{{%(sel)s}}"),
-             why="Peak utilisation of the limit (0..1).\nWith the rank's run_id, as every per-rank alert: the join is in runs.with_run."),
-        Rule(f"{_PEAK}:median_over_time",
-             expr=with_run("quantile_over_time(0.5, memexporter_memory_peak_bytes{%(sel)s}[%(half)s])"),
-             why="Typical step peak: evaluation spikes of a few minutes do not move the median. With the\n"
-             "rank's run_id: RankImbalance compares the ranks of a run."),
-        Rule(_EXCESS, expr=_excess(),
-             why="How far each rank's typical peak sits above the median rank of its peers (the series that\n"
-             "share the peer labels: one training run, run_id joined from run_info) on the same kind of\n"
-             "device (cuda or cpu), as a fraction of its own limit. A peer label a series lacks counts as empty."),
+        Rule(
+            f"{_PEAK}:max_over_time",
+            expr="max_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(level_window)s])",
+            why="Highest step peak over the level window: the level that the OOM gates compare to the limit.",
+        ),
+        Rule(
+            _UTIL,
+            expr=with_run(f"{_PEAK}:max_over_time{{%(sel)s}}\n/\nmemexporter_memory_limit_bytes{{%(sel)s}}"),
+            why="Peak utilisation of the limit (0..1).\nWith the rank's run_id, as every per-rank alert: the join is in runs.with_run.",
+        ),
+        Rule(
+            f"{_PEAK}:median_over_time",
+            expr=with_run("quantile_over_time(0.5, memexporter_memory_peak_bytes{%(sel)s}[%(half)s])"),
+            why="Typical step peak: evaluation spikes of a few minutes do not move the median. With the\n"
+            "rank's run_id: RankImbalance compares the ranks of a run.",
+        ),
+        Rule(
+            _EXCESS,
+            expr=_excess(),
+            why="How far each rank's typical peak sits above the median rank of its peers (the series that\n"
+            "share the peer labels: one training run, run_id joined from run_info) on the same kind of\n"
+            "device (cuda or cpu), as a fraction of its own limit. A peer label a series lacks counts as empty.",
+        ),
         *phase_recording(),
     ]
 
@@ -119,21 +144,33 @@ def trends() -> list[Rule]:
     quantiles over the trend window are about half of the per-rank records' cost (0.4 s of 0.9 s
     an evaluation at 1,024 ranks); they read the levels as of the levels' last evaluation."""
     return [
-        Rule(f"{_PEAK}:deriv", expr=_median_deriv("memexporter_memory_peak_bytes"),
-             why="Robust growth of the step peak (bytes/s): the difference of the medians of the two halves of\n"
-             "the trend window, over their distance. Needs a full window of steps without a restart."),
-        Rule("rank_device:memexporter_memory_baseline_bytes:deriv", expr=_median_deriv("memexporter_memory_baseline_bytes"),
-             why="The same for the baseline (memory held between steps): the Prometheus-side leak cross-check."),
-        Rule(f"{_ETA}:peak_trend",
-             expr=f"(memexporter_memory_limit_bytes{{%(sel)s}} - {_PEAK}:max_over_time{{%(sel)s}})\n"
-             f"/\n({_PEAK}:deriv{{%(sel)s}} > 0)",
-             why="Prometheus-side seconds until the step peak reaches the limit at the peak's median trend."),
-        Rule(f"{_ETA}:min", expr=with_run(
-             "min without (estimator) (\n"
-             '    label_replace(memexporter_oom_eta_seconds{%(sel)s}, "estimator", "exporter", "", "")\n'
-             "  or\n"
-             f'    label_replace({_ETA}:peak_trend{{%(sel)s}}, "estimator", "prometheus", "", "")\n'
-             ")"),
-             why="The sooner of the two ETAs, the exporter's (baseline slope, +Inf when flat) and Prometheus',\n"
-             "with the rank's run_id."),
+        Rule(
+            f"{_PEAK}:deriv",
+            expr=_median_deriv("memexporter_memory_peak_bytes"),
+            why="Robust growth of the step peak (bytes/s): the difference of the medians of the two halves of\n"
+            "the trend window, over their distance. Needs a full window of steps without a restart.",
+        ),
+        Rule(
+            "rank_device:memexporter_memory_baseline_bytes:deriv",
+            expr=_median_deriv("memexporter_memory_baseline_bytes"),
+            why="The same for the baseline (memory held between steps): the Prometheus-side leak cross-check.",
+        ),
+        Rule(
+            f"{_ETA}:peak_trend",
+            expr=f"(memexporter_memory_limit_bytes{{%(sel)s}} - {_PEAK}:max_over_time{{%(sel)s}})\n"
+            f"/\n({_PEAK}:deriv{{%(sel)s}} > 0)",
+            why="Prometheus-side seconds until the step peak reaches the limit at the peak's median trend.",
+        ),
+        Rule(
+            f"{_ETA}:min",
+            expr=with_run(
+                "min without (estimator) (\n"
+                '    label_replace(memexporter_oom_eta_seconds{%(sel)s}, "estimator", "exporter", "", "")\n'
+                "  or\n"
+                f'    label_replace({_ETA}:peak_trend{{%(sel)s}}, "estimator", "prometheus", "", "")\n'
+                ")"
+            ),
+            why="The sooner of the two ETAs, the exporter's (baseline slope, +Inf when flat) and Prometheus',\n"
+            "with the rank's run_id.",
+        ),
     ]

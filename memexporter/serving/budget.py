@@ -27,8 +27,13 @@ RESUME = 0.001  # CPU seconds in hand before accepting again (else waking up wou
 class Budget:
     """A token bucket of CPU seconds, shared by the server's threads. Thread-safe."""
 
-    def __init__(self, share: float = SHARE, burst: float = BURST, max_debt: float = MAX_DEBT,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        share: float = SHARE,
+        burst: float = BURST,
+        max_debt: float = MAX_DEBT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.share, self.burst, self.max_debt, self._clock = share, burst, max_debt, clock
         self._lock = threading.Lock()
         self._level = burst

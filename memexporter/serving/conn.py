@@ -27,7 +27,6 @@ except ImportError:  # not on Windows; the descriptor reserve is then off
     resource = None  # type: ignore[assignment]
 
 
-
 READY = "ready"  # Conn.advance(): the request head has arrived
 MAX_HEAD = 65536 + 8192  # stop buffering here: the worker answers 414/431 (the stdlib's own limits)
 _HEAD_END = re.compile(rb"\r?\n\r?\n")

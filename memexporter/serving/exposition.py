@@ -68,8 +68,14 @@ class Exposition:
     cache and budget: the live page's ``/live.json`` (``serving/live.py``).
     """
 
-    def __init__(self, registry: Collector, budget: Budget, clock: Callable[[], float] = time.monotonic,
-                 encode: Callable[[Collector], bytes] | None = None, content_type: str = "application/json") -> None:
+    def __init__(
+        self,
+        registry: Collector,
+        budget: Budget,
+        clock: Callable[[], float] = time.monotonic,
+        encode: Callable[[Collector], bytes] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         self._registry, self._budget, self._clock = registry, budget, clock
         self._encode, self._content_type = encode, content_type
         self._lock = threading.Lock()  # one render at a time: the GIL would serialise them anyway

@@ -68,9 +68,14 @@ class _Server:
     def __init__(self, app: WSGIApp, port: int) -> None:
         self.app = app
         # wsgiref's WSGIServer puts socket.getfqdn() here, a DNS lookup; the host name will do.
-        self.base_environ = {"SERVER_NAME": socket.gethostname(), "GATEWAY_INTERFACE": "CGI/1.1",
-                             "SERVER_PORT": str(port), "REMOTE_HOST": "", "CONTENT_LENGTH": "",
-                             "SCRIPT_NAME": ""}
+        self.base_environ = {
+            "SERVER_NAME": socket.gethostname(),
+            "GATEWAY_INTERFACE": "CGI/1.1",
+            "SERVER_PORT": str(port),
+            "REMOTE_HOST": "",
+            "CONTENT_LENGTH": "",
+            "SCRIPT_NAME": "",
+        }
 
     def get_app(self) -> WSGIApp:
         return self.app
@@ -108,8 +113,13 @@ class Handler(WSGIRequestHandler):
             return
         if not self.parse_request():
             return
-        handler = _QuietServerHandler(self.rfile, self.wfile, _DebugStream(), self.get_environ(),  # type: ignore[arg-type]
-                                      multithread=True)
+        handler = _QuietServerHandler(
+            self.rfile,
+            self.wfile,  # type: ignore[arg-type]  # our Writer is a BufferedIOBase; wsgiref asks for IO[bytes]
+            _DebugStream(),
+            self.get_environ(),
+            multithread=True,
+        )
         handler.request_handler = self  # type: ignore[attr-defined]  # wsgiref's back-pointer, for its access log
         handler.run(self.server.get_app())  # type: ignore[attr-defined]
 

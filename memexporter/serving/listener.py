@@ -63,9 +63,16 @@ def limits(soft: int | None = None) -> tuple[int, int]:
 class Listener:
     """Serves ``sock`` (bound, listening): ``answer(conn)`` answers one request in a worker."""
 
-    def __init__(self, sock: socket.socket, answer: Callable[[Conn], None], stats: ConnectionStats,
-                 context: ssl.SSLContext | None = None, *, deadline: float = DEADLINE,
-                 budget: Budget | None = None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        answer: Callable[[Conn], None],
+        stats: ConnectionStats,
+        context: ssl.SSLContext | None = None,
+        *,
+        deadline: float = DEADLINE,
+        budget: Budget | None = None,
+    ) -> None:
         self.sock, self.stats, self._context, self.deadline = sock, stats, context, deadline
         self.budget = budget or Budget()
         self.cap, self.reserve = limits()

@@ -26,10 +26,21 @@ from memexporter.units import fmt_bytes, fmt_duration
 
 LIVE_PATH = "/live.json"
 TOP_MODULES = 15
-_DEVICE = ("memory_used_bytes", "memory_limit_bytes", "memory_peak_bytes", "memory_baseline_bytes",
-           "leak_rate_bytes_per_second", "leak_bytes_per_step", "oom_eta_seconds")
-_MODULE = {"parameters": "module_parameter_bytes", "gradients": "module_gradient_bytes",
-           "optimizer_state": "module_optimizer_state_bytes", "activations": "module_activation_bytes"}
+_DEVICE = (
+    "memory_used_bytes",
+    "memory_limit_bytes",
+    "memory_peak_bytes",
+    "memory_baseline_bytes",
+    "leak_rate_bytes_per_second",
+    "leak_bytes_per_step",
+    "oom_eta_seconds",
+)
+_MODULE = {
+    "parameters": "module_parameter_bytes",
+    "gradients": "module_gradient_bytes",
+    "optimizer_state": "module_optimizer_state_bytes",
+    "activations": "module_activation_bytes",
+}
 
 
 def in_words(device: Mapping[str, float | None]) -> str:
@@ -69,10 +80,15 @@ def document(samples: Iterable[tuple[str, dict[str, str], float]], history: Hist
         elif short == "step_interval_seconds":
             doc["step_interval_seconds"] = value
     points = history.points() if history is not None else []
-    doc["devices"] = [{"device": dev, **{k: _finite(v) for k, v in figures.items() if v is not None},
-                       "in_words": in_words(figures),
-                       "history": [[p.time, *p.devices[dev]] for p in points if dev in p.devices]}
-                      for dev, figures in sorted(devices.items(), key=lambda kv: (kv[0] == "cpu", kv[0]))]
+    doc["devices"] = [
+        {
+            "device": dev,
+            **{k: _finite(v) for k, v in figures.items() if v is not None},
+            "in_words": in_words(figures),
+            "history": [[p.time, *p.devices[dev]] for p in points if dev in p.devices],
+        }
+        for dev, figures in sorted(devices.items(), key=lambda kv: (kv[0] == "cpu", kv[0]))
+    ]
     rows = sorted(modules.items(), key=lambda kv: -sum(kv[1].values()))
     doc["modules"] = [{"module": m, **figures} for m, figures in rows[:TOP_MODULES]]
     doc["modules_left_out"] = max(0, len(rows) - TOP_MODULES)
@@ -92,7 +108,8 @@ def encoder(history: History | None) -> Any:
 
 def page(title: str, links: Iterable[tuple[str, str]]) -> bytes:
     """``live.html`` with the title and the endpoint links filled in."""
-    items = "".join(f'<li><a href="{html.escape(href)}">/{html.escape(href)}</a>: {html.escape(text)}</li>'
-                    for href, text in links)
+    items = "".join(
+        f'<li><a href="{html.escape(href)}">/{html.escape(href)}</a>: {html.escape(text)}</li>' for href, text in links
+    )
     text = resources.files("memexporter.serving").joinpath("live.html").read_text(encoding="utf-8")
     return text.replace("{{title}}", html.escape(title)).replace("{{links}}", items).encode()

@@ -44,8 +44,11 @@ class Route:
 
 def landing(title: str, routes: Mapping[str, Route]) -> bytes:
     """The live page (``serving/live.py``) with a link to every endpoint."""
-    links = [("metrics", "Prometheus metrics"), (LIVE_PATH.lstrip("/"), "this page's data (JSON)"),
-             ("healthz", "liveness")]
+    links = [
+        ("metrics", "Prometheus metrics"),
+        (LIVE_PATH.lstrip("/"), "this page's data (JSON)"),
+        ("healthz", "liveness"),
+    ]
     links += [(path.lstrip("/"), route.description) for path, route in routes.items()]
     return page(title, links)
 
@@ -62,8 +65,12 @@ def _static(status: str, content_type: str, body: bytes, extra: tuple[tuple[str,
 
 def too_many(wait: float) -> WSGIApp:
     after = retry_after(wait)
-    return _static("429 Too Many Requests", "text/plain", f"too many requests; retry after {after} s\n".encode(),
-                   (("Retry-After", after),))
+    return _static(
+        "429 Too Many Requests",
+        "text/plain",
+        f"too many requests; retry after {after} s\n".encode(),
+        (("Retry-After", after),),
+    )
 
 
 def head(app: WSGIApp) -> WSGIApp:
@@ -83,15 +90,21 @@ def head(app: WSGIApp) -> WSGIApp:
             if (close := getattr(result, "close", None)) is not None:
                 close()
         status, headers = seen[-1]
-        start_response(status, [(k, v) for k, v in headers if k.lower() != "content-length"]
-                       + [("Content-Length", str(length))])
+        start_response(
+            status, [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(length))]
+        )
         return []
 
     return wrapper
 
 
-def router(metrics_app: WSGIApp, title: str, routes: Mapping[str, Route] | None = None,
-           budget: Budget | None = None, live_app: WSGIApp | None = None) -> WSGIApp:
+def router(
+    metrics_app: WSGIApp,
+    title: str,
+    routes: Mapping[str, Route] | None = None,
+    budget: Budget | None = None,
+    live_app: WSGIApp | None = None,
+) -> WSGIApp:
     """Route ``/``, ``/healthz``, ``/metrics``, ``/live.json`` (``live_app``, cached like
     ``/metrics``) and ``routes`` (exact paths). An extra route's app sees the WSGI environ as is
     (``REMOTE_ADDR`` is the peer's address); HEAD reaches it as a GET."""

@@ -26,8 +26,13 @@ class Workers:
     """``answer(conn)`` runs in a worker thread; the connection is closed afterwards, a failure
     is counted, and ``done()`` is called (the acceptor may accept again)."""
 
-    def __init__(self, answer: Callable[[Conn], None], stats: ConnectionStats, done: Callable[[], None],
-                 budget: Budget | None = None) -> None:
+    def __init__(
+        self,
+        answer: Callable[[Conn], None],
+        stats: ConnectionStats,
+        done: Callable[[], None],
+        budget: Budget | None = None,
+    ) -> None:
         self._answer, self._stats, self._done = answer, stats, done
         self._budget = budget or Budget()
         self._lock = threading.Lock()

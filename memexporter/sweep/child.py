@@ -101,8 +101,14 @@ class Timing:
 class Child:
     """Run ``argv`` until ``steps`` steps, its exit, the timeout, or Ctrl-C (``KeyboardInterrupt``)."""
 
-    def __init__(self, argv: Sequence[str], steps: int, timing: Timing,
-                 on_poll: Callable[[int], None] | None = None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        steps: int,
+        timing: Timing,
+        on_poll: Callable[[int], None] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.out = Outcome(list(argv), free_port())
         self.steps, self.timing = steps, timing
         self._on_poll = on_poll or (lambda _steps: None)
@@ -115,8 +121,14 @@ class Child:
     def run(self) -> Outcome:
         started = time.monotonic()
         # A new session: the terminal's Ctrl-C reaches the sweep only, which then ends the child itself.
-        self._proc = subprocess.Popen(self.out.argv, env=self._env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, start_new_session=True)
+        self._proc = subprocess.Popen(
+            self.out.argv,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         err, out = Tail(self._proc.stderr), Tail(self._proc.stdout)
         try:
             self._watch(started, err)

@@ -53,20 +53,45 @@ def _positive(kind: type[int] | type[float], allow_zero: bool = False) -> argpar
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="memexporter sweep", description=HELP, epilog=EPILOG,
-                                usage="memexporter sweep --grid NAME=V1,V2,... [--grid ...] [options] -- COMMAND ARGS...",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--grid", action="append", metavar="NAME=V1,V2,...",
-                   help="an axis: the values of the {NAME} placeholder (repeat for more axes; the first is plotted and fitted)")
+    p = argparse.ArgumentParser(
+        prog="memexporter sweep",
+        description=HELP,
+        epilog=EPILOG,
+        usage="memexporter sweep --grid NAME=V1,V2,... [--grid ...] [options] -- COMMAND ARGS...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--grid",
+        action="append",
+        metavar="NAME=V1,V2,...",
+        help="an axis: the values of the {NAME} placeholder (repeat for more axes; the first is plotted and fitted)",
+    )
     p.add_argument("--steps", type=_positive(int), default=10, metavar="K", help="optimizer steps per run (default 10)")
-    p.add_argument("--limit-mib", type=_positive(float), default=None, metavar="N",
-                   help="the memory limit to fit under; default: the device's, as memexporter_memory_limit_bytes reports it")
-    p.add_argument("--timeout", type=_positive(float), default=900.0, metavar="S", help="seconds a run may take (default 900)")
-    p.add_argument("--grace", type=_positive(float, allow_zero=True), default=10.0, metavar="S",
-                   help="seconds a run has to exit after SIGINT before SIGTERM, then SIGKILL (default 10)")
-    p.add_argument("--poll-seconds", type=_positive(float), default=POLL_SECONDS, metavar="S",
-                   help=f"how often the child's /metrics is read (default {POLL_SECONDS}); each read is one scrape of the "
-                        "child: fewer cost it less, more time its steps more sharply")
+    p.add_argument(
+        "--limit-mib",
+        type=_positive(float),
+        default=None,
+        metavar="N",
+        help="the memory limit to fit under; default: the device's, as memexporter_memory_limit_bytes reports it",
+    )
+    p.add_argument(
+        "--timeout", type=_positive(float), default=900.0, metavar="S", help="seconds a run may take (default 900)"
+    )
+    p.add_argument(
+        "--grace",
+        type=_positive(float, allow_zero=True),
+        default=10.0,
+        metavar="S",
+        help="seconds a run has to exit after SIGINT before SIGTERM, then SIGKILL (default 10)",
+    )
+    p.add_argument(
+        "--poll-seconds",
+        type=_positive(float),
+        default=POLL_SECONDS,
+        metavar="S",
+        help=f"how often the child's /metrics is read (default {POLL_SECONDS}); each read is one scrape of the "
+        "child: fewer cost it less, more time its steps more sharply",
+    )
     p.add_argument("--json", type=Path, metavar="OUT", help="write the runs and max_fit as JSON")
     p.add_argument("--csv", type=Path, metavar="OUT", help="write one row per run as CSV")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw peak against the first axis (needs matplotlib)")
@@ -105,19 +130,23 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if not plotting.available():
             raise SweepError("--plot needs matplotlib: pip install 'memexporter[plot]'")
         if (fmt := args.plot.suffix.lstrip(".").lower()) not in (formats := plotting.formats()):
-            raise SweepError(f"--plot {str(args.plot)!r}: matplotlib cannot write {fmt or 'a file without a suffix'!r}; "
-                             f"use one of {', '.join(sorted(formats))}")
+            raise SweepError(
+                f"--plot {str(args.plot)!r}: matplotlib cannot write {fmt or 'a file without a suffix'!r}; "
+                f"use one of {', '.join(sorted(formats))}"
+            )
 
 
 def main(argv: Sequence[str]) -> int:
     argv = list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser().parse_known_args(argv[:split])
-    command = argv[split + 1:]
+    command = argv[split + 1 :]
     try:
         if extra:
-            raise SweepError(f"unexpected {' '.join(extra)!r}: put the command after --, "
-                             "as in memexporter sweep --grid batch=4,8 -- python train.py --batch {batch}")
+            raise SweepError(
+                f"unexpected {' '.join(extra)!r}: put the command after --, "
+                "as in memexporter sweep --grid batch=4,8 -- python train.py --batch {batch}"
+            )
         axes = parse_grid(args.grid)
         check_command(command, axes)
         command = program(command)
@@ -127,8 +156,11 @@ def main(argv: Sequence[str]) -> int:
         print(exc, file=sys.stderr)
         return 2
     sweep = Sweep(axes, command, args.steps, args.limit_mib)
-    print(f"memexporter sweep: {len(plan(axes))} configuration(s), {args.steps} steps each: {' '.join(command)}",
-          file=sys.stderr, flush=True)
+    print(
+        f"memexporter sweep: {len(plan(axes))} configuration(s), {args.steps} steps each: {' '.join(command)}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         run_sweep(sweep, Timing(args.timeout, args.grace, args.poll_seconds), TerminalProgress())
     except SweepError as exc:
@@ -148,14 +180,18 @@ def main(argv: Sequence[str]) -> int:
         print(f"memexporter sweep: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
         status = 1
     if sweep.error:
-        print(sweep.error if sweep.error.startswith("memexporter sweep") else f"memexporter sweep: {sweep.error}",
-              file=sys.stderr)
+        print(
+            sweep.error if sweep.error.startswith("memexporter sweep") else f"memexporter sweep: {sweep.error}",
+            file=sys.stderr,
+        )
         return 1
     if sweep.interrupted:
         print("memexporter sweep: interrupted; the table and files hold what was measured", file=sys.stderr)
         return 130
     if failed := [r for r in sweep.runs if r.status == "failed"]:
-        print(f"memexporter sweep: {len(failed)} run(s) failed for a reason other than memory (see the result column)",
-              file=sys.stderr)
+        print(
+            f"memexporter sweep: {len(failed)} run(s) failed for a reason other than memory (see the result column)",
+            file=sys.stderr,
+        )
         return 1
     return status

@@ -80,13 +80,19 @@ def predict(axis: Axis, runs: Sequence[Run], limit: float | None, others: dict[s
     if line.slope <= 0:
         return no(f"the peak does not grow with {axis.name}", line)
     if line.max_residual > MAX_RESIDUAL * line.spread:
-        return no(f"the peak is not linear in {axis.name}: a run is {line.max_residual / MiB:.1f} MiB off the line, "
-                  f"over {MAX_RESIDUAL:.0%} of the peaks' spread ({line.spread / MiB:.1f} MiB)", line)
+        return no(
+            f"the peak is not linear in {axis.name}: a run is {line.max_residual / MiB:.1f} MiB off the line, "
+            f"over {MAX_RESIDUAL:.0%} of the peaks' spread ({line.spread / MiB:.1f} MiB)",
+            line,
+        )
     x = line.solve(limit)
     reach = xs[-1] + max(xs[-1] - xs[0], abs(xs[-1]))
     if x > reach:
-        return no(f"the line reaches the limit at {axis.name}={x:.4g}, beyond {reach:g} (twice the largest size that "
-                  "fit, or one measured span past it): too far to extrapolate; extend the grid", line)
+        return no(
+            f"the line reaches the limit at {axis.name}={x:.4g}, beyond {reach:g} (twice the largest size that "
+            "fit, or one measured span past it): too far to extrapolate; extend the grid",
+            line,
+        )
     value: int | float = math.floor(x) if axis.integer else x
     if value < xs[-1]:
         return no(f"the line puts the limit below {axis.name}={xs[-1]:g}, which was measured to fit", line)
@@ -112,7 +118,9 @@ def max_fit(sweep: Sweep) -> MaxFit:
     groups: dict[tuple[str, ...], list[Run]] = {}
     for r in sweep.runs:
         groups.setdefault(tuple(r.params[n] for n in rest), []).append(r)
-    series = [predict(first, runs, sweep.limit_bytes, dict(zip(rest, key, strict=True))) for key, runs in groups.items()]
+    series = [
+        predict(first, runs, sweep.limit_bytes, dict(zip(rest, key, strict=True))) for key, runs in groups.items()
+    ]
     if not series:
         series = [Prediction({}, None, "nothing was measured")]
     key = tuple(best.params[n] for n in rest) if best is not None else None

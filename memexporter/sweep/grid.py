@@ -73,7 +73,9 @@ def parse_axis(spec: str) -> Axis:
     if not sep:
         raise SweepError(f"--grid {spec!r}: expected NAME=V1,V2,... (e.g. --grid batch=4,8,16)")
     if not _NAME.match(name):
-        raise SweepError(f"--grid {spec!r}: the axis name {name!r} must be a Python identifier, as in the {{name}} placeholder")
+        raise SweepError(
+            f"--grid {spec!r}: the axis name {name!r} must be a Python identifier, as in the {{name}} placeholder"
+        )
     if not rest.strip():
         raise SweepError(f"--grid {spec!r}: axis {name!r} has no values (the grid is empty)")
     values = [v.strip() for v in rest.split(",")]
@@ -82,8 +84,10 @@ def parse_axis(spec: str) -> Axis:
     numbers = [number(v) for v in values]
     words = [v for v, n in zip(values, numbers, strict=True) if n is None]
     if words and len(words) < len(values):
-        raise SweepError(f"--grid {spec!r}: {', '.join(map(repr, words))} in axis {name!r} is not a number, but the "
-                         "axis's other values are; an axis is all numbers or all words")
+        raise SweepError(
+            f"--grid {spec!r}: {', '.join(map(repr, words))} in axis {name!r} is not a number, but the "
+            "axis's other values are; an axis is all numbers or all words"
+        )
     numeric = not words
     keys = numbers if numeric else values
     if len(set(keys)) < len(keys):
@@ -108,15 +112,21 @@ def parse_grid(specs: Sequence[str] | None) -> list[Axis]:
 def check_command(command: Sequence[str], axes: Sequence[Axis]) -> None:
     """Every ``{name}`` in the command is an axis, and every axis appears in the command."""
     if not command:
-        raise SweepError("no command: put it after --, e.g. memexporter sweep --grid batch=4,8 -- python train.py --batch {batch}")
+        raise SweepError(
+            "no command: put it after --, e.g. memexporter sweep --grid batch=4,8 -- python train.py --batch {batch}"
+        )
     used = {m.group(1) for arg in command for m in PLACEHOLDER.finditer(arg)}
     names = [a.name for a in axes]
     if unknown := sorted(used - set(names)):
-        raise SweepError(f"unknown placeholder {', '.join('{' + u + '}' for u in unknown)} in the command; "
-                         f"the grid defines {', '.join('{' + n + '}' for n in names)}")
+        raise SweepError(
+            f"unknown placeholder {', '.join('{' + u + '}' for u in unknown)} in the command; "
+            f"the grid defines {', '.join('{' + n + '}' for n in names)}"
+        )
     if unused := [n for n in names if n not in used]:
-        raise SweepError(f"axis {unused[0]!r} is not used in the command (no {{{unused[0]}}} placeholder): "
-                         "every value would run the same command")
+        raise SweepError(
+            f"axis {unused[0]!r} is not used in the command (no {{{unused[0]}}} placeholder): "
+            "every value would run the same command"
+        )
 
 
 def substitute(command: Sequence[str], params: Params) -> list[str]:
@@ -126,7 +136,9 @@ def substitute(command: Sequence[str], params: Params) -> list[str]:
 
 def plan(axes: Sequence[Axis]) -> list[dict[str, str]]:
     """Every combination, small to large along each axis (the first axis varies slowest)."""
-    return [dict(zip([a.name for a in axes], combo, strict=True)) for combo in itertools.product(*(a.values for a in axes))]
+    return [
+        dict(zip([a.name for a in axes], combo, strict=True)) for combo in itertools.product(*(a.values for a in axes))
+    ]
 
 
 def dominates(axes: Iterable[Axis], smaller: Params, params: Params) -> bool:

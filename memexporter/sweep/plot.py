@@ -63,26 +63,52 @@ def plot(sweep: Sweep, mf: MaxFit, path: Path) -> Figure:
     for key, runs in series.items():
         runs.sort(key=x)
         name = label(dict(zip(rest, key, strict=True))) or "peak"
-        (line,) = ax.plot([x(r) for r in runs], [r.peak_bytes / scale for r in runs if r.peak_bytes is not None],
-                          marker="o", label=name)
+        (line,) = ax.plot(
+            [x(r) for r in runs],
+            [r.peak_bytes / scale for r in runs if r.peak_bytes is not None],
+            marker="o",
+            label=name,
+        )
         oom = [r for r in runs if r.oom]
         if oom:  # in the series' colour; one legend entry for all series, below
-            ax.plot([x(r) for r in oom], [r.peak_bytes / scale for r in oom if r.peak_bytes is not None], linestyle="none",
-                    marker="X", markersize=11, color=line.get_color(), label="_nolegend_")
+            ax.plot(
+                [x(r) for r in oom],
+                [r.peak_bytes / scale for r in oom if r.peak_bytes is not None],
+                linestyle="none",
+                marker="X",
+                markersize=11,
+                color=line.get_color(),
+                label="_nolegend_",
+            )
     if any(r.oom and r.peak_bytes is not None for r in sweep.runs):
         ax.plot([], [], linestyle="none", marker="X", markersize=9, color="black", label="ran out of memory")
     if skipped := sorted({x(r) for r in sweep.runs if r.skipped}):
         # Not measured, so no height: marked along the bottom (x in data, y in axes fraction).
-        ax.plot(skipped, [0.03] * len(skipped), linestyle="none", marker="v", color=PREDICTED_COLOR,
-                transform=ax.get_xaxis_transform(), label="skipped: a smaller size ran out of memory")
+        ax.plot(
+            skipped,
+            [0.03] * len(skipped),
+            linestyle="none",
+            marker="v",
+            color=PREDICTED_COLOR,
+            transform=ax.get_xaxis_transform(),
+            label="skipped: a smaller size ran out of memory",
+        )
     if limit is not None:
-        shown = f"limit {limit / scale:.1f} {unit}" if not off_scale else f"limit {limit / (1 << 30):.1f} GiB (above the chart)"
+        shown = (
+            f"limit {limit / scale:.1f} {unit}"
+            if not off_scale
+            else f"limit {limit / (1 << 30):.1f} GiB (above the chart)"
+        )
         ax.axhline(limit / scale, color=LIMIT_COLOR, linestyle="--", label=shown)
         if off_scale:
             ax.set_ylim(min(peaks) / scale * 0.95, max(peaks) / scale * 1.05)
     if mf.predicted.value is not None:
-        ax.axvline(float(mf.predicted.value), color=PREDICTED_COLOR, linestyle=":",
-                   label=f"predicted largest fit: {label({first.name: f'{mf.predicted.value:g}', **mf.predicted.others})}")
+        ax.axvline(
+            float(mf.predicted.value),
+            color=PREDICTED_COLOR,
+            linestyle=":",
+            label=f"predicted largest fit: {label({first.name: f'{mf.predicted.value:g}', **mf.predicted.others})}",
+        )
     if not first.numeric or len(first.values) <= MAX_TICKS:
         ax.set_xticks([first.key(v) for v in first.values], list(first.values))
     cuda = any(r.device not in (None, "cpu") for r in sweep.runs)

@@ -93,8 +93,12 @@ class Observed:
     def add(self, r: Reading) -> None:
         self.scrapes += 1
         self.steps = max(self.steps, r.steps)
-        for metric, into in ((PEAK, self.peaks), (USED, self.peaks), (PEAK_ALLOCATED, self.peak_allocated),
-                             (PEAK_RESERVED, self.peak_reserved)):
+        for metric, into in (
+            (PEAK, self.peaks),
+            (USED, self.peaks),
+            (PEAK_ALLOCATED, self.peak_allocated),
+            (PEAK_RESERVED, self.peak_reserved),
+        ):
             for dev, v in r.devices.get(metric, {}).items():
                 into[dev] = max(into.get(dev, 0.0), v)
         for dev, v in r.devices.get(LIMIT, {}).items():

@@ -18,7 +18,12 @@ from memexporter.sweep.grid import Params, label, plan
 from memexporter.sweep.runner import Progress, Run, Sweep
 from memexporter.units import GiB, MiB
 
-SPLIT_COLUMNS = (("parameters", "params"), ("gradients", "grads"), ("optimizer_state", "optim"), ("activations", "activ"))
+SPLIT_COLUMNS = (
+    ("parameters", "params"),
+    ("gradients", "grads"),
+    ("optimizer_state", "optim"),
+    ("activations", "activ"),
+)
 
 
 def size(n: float | None) -> str:
@@ -56,8 +61,14 @@ def _prediction_json(sweep: Sweep, p: Prediction) -> dict[str, Any]:
         "params": _typed(sweep, p.others),
         "predicted": p.value,
         "reason": p.reason,
-        "fit": None if line is None else {"slope_bytes_per_unit": line.slope, "intercept_bytes": line.intercept,
-                                          "points": line.points, "max_residual_bytes": line.max_residual},
+        "fit": None
+        if line is None
+        else {
+            "slope_bytes_per_unit": line.slope,
+            "intercept_bytes": line.intercept,
+            "points": line.points,
+            "max_residual_bytes": line.max_residual,
+        },
     }
 
 
@@ -68,15 +79,28 @@ def _typed(sweep: Sweep, params: Mapping[str, str]) -> dict[str, int | float | s
 
 def run_json(sweep: Sweep, r: Run) -> dict[str, Any]:
     return {
-        "params": _typed(sweep, r.params), "command": r.argv, "status": r.status, "device": r.device, "steps": r.steps,
-        "peak_bytes": _int(r.peak_bytes), "peak_allocated_bytes": _int(r.peak_allocated_bytes),
-        "peak_reserved_bytes": _int(r.peak_reserved_bytes), "peak_rss_bytes": _int(r.peak_rss_bytes),
+        "params": _typed(sweep, r.params),
+        "command": r.argv,
+        "status": r.status,
+        "device": r.device,
+        "steps": r.steps,
+        "peak_bytes": _int(r.peak_bytes),
+        "peak_allocated_bytes": _int(r.peak_allocated_bytes),
+        "peak_reserved_bytes": _int(r.peak_reserved_bytes),
+        "peak_rss_bytes": _int(r.peak_rss_bytes),
         "baseline_bytes": _int(r.baseline_bytes),
         "split_bytes": None if r.split is None else {k: _int(r.split.get(k)) for k, _ in SPLIT_COLUMNS},
-        "step_seconds": r.step_seconds, "limit_bytes": _int(r.limit_bytes), "headroom_bytes": _int(headroom(r)),
-        "fits": r.fits, "oom": r.oom, "oom_reason": r.oom_reason, "skipped": r.skipped,
+        "step_seconds": r.step_seconds,
+        "limit_bytes": _int(r.limit_bytes),
+        "headroom_bytes": _int(headroom(r)),
+        "fits": r.fits,
+        "oom": r.oom,
+        "oom_reason": r.oom_reason,
+        "skipped": r.skipped,
         "skipped_because": None if r.skipped_by is None else _typed(sweep, r.skipped_by),
-        "exit_code": r.exit_code, "error": r.error, "wall_seconds": r.wall_seconds,
+        "exit_code": r.exit_code,
+        "error": r.error,
+        "wall_seconds": r.wall_seconds,
     }
 
 
@@ -89,7 +113,9 @@ def as_json(sweep: Sweep, mf: MaxFit) -> dict[str, Any]:
         "grid": {a.name: [a.typed(v) for v in a.values] for a in sweep.axes},
         "steps": sweep.steps,
         "limit_bytes": _int(sweep.limit_bytes),
-        "limit_source": "--limit-mib" if sweep.limit_mib is not None else "memexporter_memory_limit_bytes (lowest seen)",
+        "limit_source": "--limit-mib"
+        if sweep.limit_mib is not None
+        else "memexporter_memory_limit_bytes (lowest seen)",
         "interrupted": sweep.interrupted,
         "error": sweep.error,
         "runs": [run_json(sweep, r) for r in sweep.runs],
@@ -147,14 +173,18 @@ def table(sweep: Sweep, mf: MaxFit) -> str:
     devices = sorted({r.device for r in sweep.runs if r.device})
     source = "--limit-mib" if sweep.limit_mib is not None else "lowest memexporter_memory_limit_bytes seen"
     lines.append("")
-    lines.append(f"device {', '.join(devices) or '-'}; limit {size(sweep.limit_bytes)} ({source}); "
-                 f"peak is the {'CUDA reserved' if cuda else 'RSS'} high-water mark; {sweep.steps} steps per run")
+    lines.append(
+        f"device {', '.join(devices) or '-'}; limit {size(sweep.limit_bytes)} ({source}); "
+        f"peak is the {'CUDA reserved' if cuda else 'RSS'} high-water mark; {sweep.steps} steps per run"
+    )
     lines.append(f"largest that fits, measured:  {label(mf.measured) if mf.measured else 'none'}")
     p = mf.predicted
     if p.value is not None and p.line is not None:
-        lines.append(f"largest that fits, predicted: {sweep.axes[0].name}={p.value:g}{' ' + label(p.others) if p.others else ''} "
-                     f"(line through {p.line.points} runs: {size(p.line.slope)} per {sweep.axes[0].name} "
-                     f"+ {size(p.line.intercept)})")
+        lines.append(
+            f"largest that fits, predicted: {sweep.axes[0].name}={p.value:g}{' ' + label(p.others) if p.others else ''} "
+            f"(line through {p.line.points} runs: {size(p.line.slope)} per {sweep.axes[0].name} "
+            f"+ {size(p.line.intercept)})"
+        )
     else:
         lines.append(f"largest that fits, predicted: none ({p.reason})")
     return "\n".join(lines)

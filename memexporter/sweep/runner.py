@@ -17,8 +17,9 @@ from memexporter.sweep.grid import Axis, Params, SweepError, dominates, label, p
 from memexporter.units import MiB
 
 # What PyTorch (CUDA, ROCm, MPS), Python, the C++ runtime and the demo's simulated OOM print.
-_OOM_TEXT = re.compile(r"OutOfMemoryError|out of memory|\bMemoryError\b|std::bad_alloc|Cannot allocate memory|simulated OOM",
-                       re.IGNORECASE)
+_OOM_TEXT = re.compile(
+    r"OutOfMemoryError|out of memory|\bMemoryError\b|std::bad_alloc|Cannot allocate memory|simulated OOM", re.IGNORECASE
+)
 _PORT_TAKEN = re.compile(r"Address already in use|Errno 98")
 PORT_RETRIES = 3
 
@@ -80,7 +81,12 @@ def tail_lines(text: str, lines: int = 15) -> str:
 def judge(run: Run, out: Outcome, limit_mib: float | None) -> None:
     """Fill ``run`` from the child's outcome: figures, OOM, fits, status."""
     obs = out.observed
-    run.steps, run.exit_code, run.wall_seconds, run.step_seconds = obs.steps, out.exit_code, out.wall_seconds, out.step_seconds
+    run.steps, run.exit_code, run.wall_seconds, run.step_seconds = (
+        obs.steps,
+        out.exit_code,
+        out.wall_seconds,
+        out.step_seconds,
+    )
     run.device = obs.device if obs.scrapes else None
     dev = run.device or "cpu"
     run.peak_rss_bytes = max(out.max_rss, obs.peaks.get("cpu", 0.0), obs.host_rss) or None
@@ -91,8 +97,11 @@ def judge(run: Run, out: Outcome, limit_mib: float | None) -> None:
     run.peak_bytes = (run.peak_reserved_bytes or obs.peaks.get(dev)) if dev != "cpu" else run.peak_rss_bytes
     run.baseline_bytes = obs.baselines.get(dev)
     # Rows read before any step show no gradients or optimizer state yet: unknown, not 0 bytes.
-    run.split = obs.split if obs.split is None or obs.split_steps > 0 else {
-        k: v for k, v in obs.split.items() if k not in ("gradients", "optimizer_state")}
+    run.split = (
+        obs.split
+        if obs.split is None or obs.split_steps > 0
+        else {k: v for k, v in obs.split.items() if k not in ("gradients", "optimizer_state")}
+    )
     run.limit_bytes = limit_mib * MiB if limit_mib is not None else obs.limits.get(dev)
     ours = out.stopped_by is not None
     oom_line = next((ln.strip() for ln in reversed(out.stderr.splitlines()) if _OOM_TEXT.search(ln)), None)
@@ -129,16 +138,26 @@ def _no_step_error(run: Run, out: Outcome, timeout: float) -> tuple[str, str]:
     elif out.exit_code != 0:
         why = f"the command failed before its first step (exit code {out.exit_code})"
     elif not out.observed.scrapes:
-        why = (f"the command exited without ever serving /metrics on port {out.port}: run a Python training "
-               "script (the exporter starts through PYTHONPATH and MEMEXPORTER_AUTOSTART), and leave the port to the sweep")
+        why = (
+            f"the command exited without ever serving /metrics on port {out.port}: run a Python training "
+            "script (the exporter starts through PYTHONPATH and MEMEXPORTER_AUTOSTART), and leave the port to the sweep"
+        )
     else:
         why = "the command exited without a training step (memexporter counts optimizer.step() and memexporter.step())"
     text = out.stderr.strip() or out.stdout.strip()
-    return why, f"{who}: {why}" + (f"; its {'stderr' if out.stderr.strip() else 'stdout'} ends with:\n{tail_lines(text)}" if text else "")
+    return why, f"{who}: {why}" + (
+        f"; its {'stderr' if out.stderr.strip() else 'stdout'} ends with:\n{tail_lines(text)}" if text else ""
+    )
 
 
-def measure(params: Params, argv: Sequence[str], steps: int, limit_mib: float | None, timing: Timing,
-            on_poll: Callable[[int], None]) -> tuple[Run, Outcome]:
+def measure(
+    params: Params,
+    argv: Sequence[str],
+    steps: int,
+    limit_mib: float | None,
+    timing: Timing,
+    on_poll: Callable[[int], None],
+) -> tuple[Run, Outcome]:
     """Run one configuration (a fresh port when another process took the first)."""
     for attempt in range(PORT_RETRIES):
         try:
@@ -164,7 +183,13 @@ def run_sweep(sweep: Sweep, timing: Timing, progress: Progress) -> Sweep:
     try:
         for i, params in enumerate(todo):
             if blocker := next((o for o in ooms if dominates(sweep.axes, o, params)), None):
-                run = Run(dict(params), substitute(sweep.command, params), status="skipped", fits=False, skipped_by=dict(blocker))
+                run = Run(
+                    dict(params),
+                    substitute(sweep.command, params),
+                    status="skipped",
+                    fits=False,
+                    skipped_by=dict(blocker),
+                )
                 sweep.runs.append(run)
                 progress.done(i, len(todo), run)
                 continue

@@ -44,9 +44,16 @@ def child_env(port: int, base: Mapping[str, str] | None = None) -> dict[str, str
     cannot be reached would fail the run)."""
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_path(), env.get("PYTHONPATH", "")) if p)
-    env.update(MEMEXPORTER_AUTOSTART="1", MEMEXPORTER_PORT=str(port), MEMEXPORTER_ADDR="127.0.0.1",
-               MEMEXPORTER_STRICT="1", MEMEXPORTER_HTTP="1", MEMEXPORTER_OTEL="0", MEMEXPORTER_CERTFILE="",
-               MEMEXPORTER_KEYFILE="")
+    env.update(
+        MEMEXPORTER_AUTOSTART="1",
+        MEMEXPORTER_PORT=str(port),
+        MEMEXPORTER_ADDR="127.0.0.1",
+        MEMEXPORTER_STRICT="1",
+        MEMEXPORTER_HTTP="1",
+        MEMEXPORTER_OTEL="0",
+        MEMEXPORTER_CERTFILE="",
+        MEMEXPORTER_KEYFILE="",
+    )
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

@@ -94,12 +94,19 @@ class Discovery:
             self._calls += 1
             if self._calls > GIVE_UP_CALLS and self._clock() - self._began > GIVE_UP_S:
                 self.close()
-                log.info("memexporter: auto_track found no model (%d module calls in %.0f s without an optimizer "
-                         "step over their parameters); per-module rows need memexporter.track(model) or "
-                         "start(model=...)", self._calls, self._clock() - self._began)
+                log.info(
+                    "memexporter: auto_track found no model (%d module calls in %.0f s without an optimizer "
+                    "step over their parameters); per-module rows need memexporter.track(model) or "
+                    "start(model=...)",
+                    self._calls,
+                    self._clock() - self._began,
+                )
                 return
-            if (torch.is_grad_enabled() and id(module) not in self._candidates
-                    and any(p.requires_grad for p in module.parameters())):
+            if (
+                torch.is_grad_enabled()
+                and id(module) not in self._candidates
+                and any(p.requires_grad for p in module.parameters())
+            ):
                 if len(self._candidates) >= _MAX_CANDIDATES:
                     self._candidates.pop(next(iter(self._candidates)))
                 self._candidates[id(module)] = weakref.ref(module)

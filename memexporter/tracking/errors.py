@@ -28,5 +28,8 @@ def count_failure(where: str) -> None:
         _errors += 1
         first = _errors == 1
     if first:
-        log.exception("memexporter: a training-thread hook failed in the %s; training goes on, further "
-                      "failures are only counted (memexporter.tracking.modules.hook_errors())", where)
+        log.exception(
+            "memexporter: a training-thread hook failed in the %s; training goes on, further "
+            "failures are only counted (memexporter.tracking.modules.hook_errors())",
+            where,
+        )

@@ -32,8 +32,13 @@ class Point:
 class History:
     """A bounded record of step boundaries, one every ``interval_s`` seconds at most."""
 
-    def __init__(self, tracker: StepTracker, interval_s: float | None = None, max_points: int | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        tracker: StepTracker,
+        interval_s: float | None = None,
+        max_points: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._tracker, self._clock = tracker, clock
         self._interval = INTERVAL_S if interval_s is None else interval_s
         self._points: deque[Point] = deque(maxlen=MAX_POINTS if max_points is None else max_points)

@@ -87,6 +87,7 @@ class ForwardHooks:
 
         def post(m: nn.Module, args: Any, out: Any) -> None:
             self._leave()
+
         return _eager(pre), _eager(post)
 
     def _enter(self, row: int) -> None:
@@ -155,12 +156,14 @@ class ForwardHooks:
     def _row_hooks_for(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
         stack, before, allocated = self._stack, self._before, self._allocated
         if allocated is None:
+
             def pre(m: nn.Module, args: Any) -> None:
                 stack.append(row)
 
             def post(m: nn.Module, args: Any, out: Any) -> None:
                 if stack:  # balanced with pre (an exception skips it: the entry hook then clears the stack)
                     stack.pop()
+
             return pre, post
 
         def dpre(m: nn.Module, args: Any) -> None:
@@ -178,6 +181,7 @@ class ForwardHooks:
                     self._dacc[row] += allocated() - before.pop()
             except Exception:
                 count_failure("forward hook (cuda_forward_delta)")
+
         return dpre, dpost
 
     @staticmethod

@@ -104,8 +104,14 @@ def count_params(plan: Plan) -> ParamCount:
             exclude.add(storage(b)[0])
         except Exception:
             failed += 1
-    return ParamCount(tuple(out), tuple(full) if sharded else None, frozenset(exclude),
-                      frozenset(id(p) for p, _ in params), cuda, failed)
+    return ParamCount(
+        tuple(out),
+        tuple(full) if sharded else None,
+        frozenset(exclude),
+        frozenset(id(p) for p, _ in params),
+        cuda,
+        failed,
+    )
 
 
 def _add(t: torch.Tensor, seen: set[int], out: list[int], row: int) -> None:

@@ -56,9 +56,16 @@ class TrackHandle(ForwardHooks, StepHooks):
     ``snapshots.Snapshot`` (one attribute read, safe from any thread).
     """
 
-    def __init__(self, model: nn.Module, plan: Plan, prefix: str, max_modules: int,
-                 optimizers: list[Optimizer] | None, cuda_forward_delta: bool = False,
-                 allocated: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        plan: Plan,
+        prefix: str,
+        max_modules: int,
+        optimizers: list[Optimizer] | None,
+        cuda_forward_delta: bool = False,
+        allocated: Callable[[], int] | None = None,
+    ) -> None:
         self.model, self.prefix = model, prefix
         self.automatic = False  # set by auto_track: an explicit track() of the model replaces it
         compiled = unwrap(model)[1]
@@ -155,8 +162,9 @@ class TrackHandle(ForwardHooks, StepHooks):
     def __enter__(self) -> TrackHandle:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.remove()
 
     def _backend_allocated(self) -> Callable[[], int]:
@@ -168,6 +176,7 @@ class TrackHandle(ForwardHooks, StepHooks):
         def allocated() -> int:
             index = self._params.cuda_index
             return 0 if index is None else backend.allocated(index)[0]
+
         return allocated
 
 
@@ -179,9 +188,16 @@ def _skipped(model: nn.Module, failed: int) -> None:
         count_failure("track() (those tensors are left out of the rows)")
 
 
-def track(model: nn.Module, optimizer: object = None, *,
-          depth: int | None = None, max_modules: int | None = None, prefix: str | None = None,
-          cuda_forward_delta: bool = False, allocated: Callable[[], int] | None = None) -> TrackHandle:
+def track(
+    model: nn.Module,
+    optimizer: object = None,
+    *,
+    depth: int | None = None,
+    max_modules: int | None = None,
+    prefix: str | None = None,
+    cuda_forward_delta: bool = False,
+    allocated: Callable[[], int] | None = None,
+) -> TrackHandle:
     """Export per-module parameter, gradient, optimizer-state and activation bytes of ``model``.
 
     ``optimizer``: the optimizer(s) whose state to attribute (framework wrappers are unwrapped);

@@ -109,8 +109,10 @@ def optimizers(optimizer: object) -> list[Optimizer] | None:
     ``TypeError`` names anything else."""
     if optimizer is None:
         return None
-    bad = ("memexporter: optimizer must be a torch.optim.Optimizer (or a framework wrapper of one, "
-           f"with an inner .optimizer) or a list of them, got {optimizer!r}")
+    bad = (
+        "memexporter: optimizer must be a torch.optim.Optimizer (or a framework wrapper of one, "
+        f"with an inner .optimizer) or a list of them, got {optimizer!r}"
+    )
     single = inner_optimizer(optimizer)
     if single is not None:
         return [single]

@@ -83,8 +83,9 @@ def _peak(start: tuple[int, int] | None, top: int, used: int, high_water: int) -
 class PhaseTracker:
     """Open occurrences and per-name figures. ``enter``/``exit`` run on any thread; never raise."""
 
-    def __init__(self, steps: StepTracker, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, steps: StepTracker, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
+    ) -> None:
         self._steps, self._clock, self._wall = steps, clock, wall
         self._lock = threading.Lock()
         self._open: list[_Open] = []
@@ -151,8 +152,9 @@ class PhaseTracker:
             stats.active -= 1
             self.last_change = self._wall()
             if readings is not None:
-                stats.peaks = {d: _peak(token.start.get(d), token.top.get(d, 0), used, hw)
-                               for d, (used, hw) in readings.items()}
+                stats.peaks = {
+                    d: _peak(token.start.get(d), token.top.get(d, 0), used, hw) for d, (used, hw) in readings.items()
+                }
                 stats.duration = self._clock() - token.started
                 stats.completed += 1
             self._out_of_step -= token.separate
@@ -170,8 +172,10 @@ class PhaseTracker:
     def snapshot(self) -> tuple[dict[str, PhaseStats], float | None]:
         """A copy for the scrape thread: ``({name: stats}, last change)``."""
         with self._lock:
-            return ({n: PhaseStats(dict(s.peaks), s.duration, s.completed, s.active) for n, s in self._stats.items()},
-                    self.last_change)
+            return (
+                {n: PhaseStats(dict(s.peaks), s.duration, s.completed, s.active) for n, s in self._stats.items()},
+                self.last_change,
+            )
 
 
 # --- Process-wide wiring: the running tracker and the automatic phases. ---------------------------
@@ -231,4 +235,3 @@ def optimizer_begin(readings: Readings | None) -> None:
 
 def optimizer_end(readings: Readings | None) -> None:
     _switch(("optimizer",), None, readings)
-

@@ -107,6 +107,7 @@ def pop(ctx: saved_tensors_hooks) -> None:
         if below is not None and below[0] is ctx.pack_hook:
             _pop_hooks()
         _push_hooks(*top)
-        raise RuntimeError("saved-tensor hooks pushed inside the forward were not popped; "
-                           "this forward's activations are not published")
+        raise RuntimeError(
+            "saved-tensor hooks pushed inside the forward were not popped; this forward's activations are not published"
+        )
     ctx.__exit__(None, None, None)

@@ -107,11 +107,7 @@ def fold(snap: Snapshot) -> list[Row]:
         # A leaf's value never changes while it is a leaf, so heap entries never go stale.
         if children[p] == 0 and p != 0:
             heapq.heappush(heap, (total[p], -p))
-    return [
-        (names[i], tuple(col[i] for col in cols))
-        for i in range(n)
-        if alive[i] and (i == 0 or total[i] > 0)
-    ]
+    return [(names[i], tuple(col[i] for col in cols)) for i in range(n) if alive[i] and (i == 0 or total[i] > 0)]
 
 
 # --- The active handles. Written by track()/remove() under a lock, read lock-free by scrapes:

@@ -90,9 +90,16 @@ def _step_peak(dev: _Device, used: int, high_water: int) -> int:
 class StepTracker:
     """Bounded per-device step history. ``step()`` and ``sample()`` run on the training thread."""
 
-    def __init__(self, cuda: AllocatorSource, host: HostSource, window: int, warmup_steps: int,
-                 clock: Callable[[], float] = time.monotonic, host_peak: Callable[[], int] = _host_peak,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        cuda: AllocatorSource,
+        host: HostSource,
+        window: int,
+        warmup_steps: int,
+        clock: Callable[[], float] = time.monotonic,
+        host_peak: Callable[[], int] = _host_peak,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self._cuda, self._host, self._clock, self._host_peak, self._wall = cuda, host, clock, host_peak, wall
         self._window, self._warmup = window, warmup_steps
         self._lock = threading.Lock()
@@ -167,7 +174,9 @@ class StepTracker:
                     dev = self._devices.get(name)
                     if dev is None:
                         # First boundary for this device: nothing to compare the high-water mark with.
-                        dev = self._devices[name] = _Device(TrendWindow(self._window, self._warmup), high_water, used, used)
+                        dev = self._devices[name] = _Device(
+                            TrendWindow(self._window, self._warmup), high_water, used, used
+                        )
                     peak = _step_peak(dev, used, high_water)
                     dev.window.add(self.steps, now, float(used), float(peak))
                     dev.high_water, dev.last_used, dev.step_max, dev.last_peak = high_water, used, used, peak

@@ -82,9 +82,17 @@ def nvml_answers() -> dict[str, Any] | None:
         listed = _capture(lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
         if isinstance(listed, dict):
             return {}
-        return {"processes": [{"pid": "self" if int(p.pid) == os.getpid() else int(p.pid), "used": p.usedGpuMemory,
-                               "gpu_instance_id": int(p.gpuInstanceId), "compute_instance_id": int(p.computeInstanceId)}
-                              for p in listed]}
+        return {
+            "processes": [
+                {
+                    "pid": "self" if int(p.pid) == os.getpid() else int(p.pid),
+                    "used": p.usedGpuMemory,
+                    "gpu_instance_id": int(p.gpuInstanceId),
+                    "compute_instance_id": int(p.computeInstanceId),
+                }
+                for p in listed
+            ]
+        }
 
     gpus, strings, by_mig_uuid = [], "str", True
     for i in range(pynvml.nvmlDeviceGetCount()):
@@ -98,15 +106,35 @@ def nvml_answers() -> dict[str, Any] | None:
                 if isinstance(m, dict):
                     continue
                 uuid = _text(pynvml.nvmlDeviceGetUUID(m))
-                by_mig_uuid = by_mig_uuid and not isinstance(_capture(lambda u=uuid: pynvml.nvmlDeviceGetHandleByUUID(u)), dict)
-                slices.append({"uuid": uuid, "name": _text(pynvml.nvmlDeviceGetName(m)),
-                               "gpu_instance_id": int(pynvml.nvmlDeviceGetGpuInstanceId(m)), "memory": memory(m),
-                               **processes(m)})
-        gpus.append({"uuid": _text(pynvml.nvmlDeviceGetUUID(h)), "name": _text(pynvml.nvmlDeviceGetName(h)),
-                     "pci_bus_id": _text(pynvml.nvmlDeviceGetPciInfo(h).busId), "memory": memory(h),
-                     "mig_mode": mode if isinstance(mode, list) else None, "mig": slices, **processes(h)})
-    return {"strings": strings, "handle_by_mig_uuid": by_mig_uuid, "gpus": gpus,
-            "driver_version": _text(pynvml.nvmlSystemGetDriverVersion())}
+                by_mig_uuid = by_mig_uuid and not isinstance(
+                    _capture(lambda u=uuid: pynvml.nvmlDeviceGetHandleByUUID(u)), dict
+                )
+                slices.append(
+                    {
+                        "uuid": uuid,
+                        "name": _text(pynvml.nvmlDeviceGetName(m)),
+                        "gpu_instance_id": int(pynvml.nvmlDeviceGetGpuInstanceId(m)),
+                        "memory": memory(m),
+                        **processes(m),
+                    }
+                )
+        gpus.append(
+            {
+                "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
+                "name": _text(pynvml.nvmlDeviceGetName(h)),
+                "pci_bus_id": _text(pynvml.nvmlDeviceGetPciInfo(h).busId),
+                "memory": memory(h),
+                "mig_mode": mode if isinstance(mode, list) else None,
+                "mig": slices,
+                **processes(h),
+            }
+        )
+    return {
+        "strings": strings,
+        "handle_by_mig_uuid": by_mig_uuid,
+        "gpus": gpus,
+        "driver_version": _text(pynvml.nvmlSystemGetDriverVersion()),
+    }
 
 
 def _native(dev: str) -> str:
@@ -143,8 +171,10 @@ def _cuda_malloc_async(dev: str) -> str:
 SCENARIOS: dict[str, tuple[Callable[[str], str], dict[str, str]]] = {
     "native": (_native, {}),
     "fraction_after_oom": (_fraction_after_oom, {}),
-    "cudamallocasync": (_cuda_malloc_async, {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync",
-                                             "PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync"}),
+    "cudamallocasync": (
+        _cuda_malloc_async,
+        {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync", "PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync"},
+    ),
 }
 
 
@@ -156,9 +186,11 @@ def record_one(scenario: str, index: int) -> dict[str, Any]:
     torch.cuda.synchronize(index)
     backend = getattr(torch.cuda, "get_allocator_backend", None)
     answers = {
-        "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
         "allocator_backend": backend() if backend is not None else None,
-        "device_count": torch.cuda.device_count(), "devices": {str(index): torch_answers(index)},
+        "device_count": torch.cuda.device_count(),
+        "devices": {str(index): torch_answers(index)},
         "nvml": nvml_answers(),
     }
     host = host_answers()
@@ -167,9 +199,12 @@ def record_one(scenario: str, index: int) -> dict[str, Any]:
     return {
         "synthetic": False,
         "recorded": {
-            "device_name": torch.cuda.get_device_name(index), "torch_version": torch.__version__,
-            "cuda_version": torch.version.cuda, "driver_version": (answers["nvml"] or {}).get("driver_version"),
-            "recorded_by": f"tests/cuda/record_fixtures.py, scenario {scenario}", "scenario": description,
+            "device_name": torch.cuda.get_device_name(index),
+            "torch_version": torch.__version__,
+            "cuda_version": torch.version.cuda,
+            "driver_version": (answers["nvml"] or {}).get("driver_version"),
+            "recorded_by": f"tests/cuda/record_fixtures.py, scenario {scenario}",
+            "scenario": description,
             "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         },
         "answers": answers,
@@ -202,8 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         rec = record["recorded"]
         path = args.out / f"{_slug(rec['device_name'])}_torch{rec['torch_version'].split('+')[0]}_{scenario}.json"
         path.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"[record] {scenario}: {path} ({len(record['answers']['devices'][str(args.device)]['memory_stats'])} "
-              f"memory_stats keys, backend {record['answers']['allocator_backend']})")
+        print(
+            f"[record] {scenario}: {path} ({len(record['answers']['devices'][str(args.device)]['memory_stats'])} "
+            f"memory_stats keys, backend {record['answers']['allocator_backend']})"
+        )
     return 0
 
 

@@ -73,20 +73,29 @@ def _one_device_job(exporter: str, alloc_conf: str) -> dict[str, Any]:
     import json
 
     env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf, "PYTORCH_ALLOC_CONF": alloc_conf}
-    out = subprocess.run([sys.executable, "-c", _ONE_DEVICE_JOB, exporter], capture_output=True, text=True,
-                         timeout=300, check=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", _ONE_DEVICE_JOB, exporter],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env=env,
+    )
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
 # cudaMallocAsync reads its pool under a device guard on the scrape thread, whose current device
 # is cuda:0: restoring that device must not create a context there either.
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (a job on one, another to stay untouched)")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs two CUDA devices (a job on one, another to stay untouched)"
+)
 @pytest.mark.parametrize("alloc_conf", ["backend:native", "backend:cudaMallocAsync"])
 def test_scrape_creates_no_context_on_devices_the_job_does_not_use(alloc_conf: str) -> None:
     control, job = _one_device_job("off", alloc_conf), _one_device_job("on", alloc_conf)
     used = job["used"]
     assert job["contexts"] == control["contexts"], (
-        f"contexts with memexporter {job['contexts']}, without {control['contexts']} (job on cuda:{used})")
+        f"contexts with memexporter {job['contexts']}, without {control['contexts']} (job on cuda:{used})"
+    )
     assert job["contexts"][used]
     print(f"primary contexts with the job on cuda:{used}: {job['contexts']} (same without memexporter)")
     assert f"'device': 'cuda:{used}'" in job["text"] and "memexporter_memory_limit_bytes" in job["text"]
@@ -156,8 +165,10 @@ def test_leak_on_gpu_measured_within_10_percent_and_peak_gap(exp: Exporter) -> N
         if step >= 5 and peak is not None and torch.cuda.max_memory_allocated(0) > before_peak:
             gaps.append(torch.cuda.max_memory_allocated(0) - peak)
     leak = value(exp, "memexporter_leak_bytes_per_step")
-    print(f"GPU leak: {leak / MiB:.3f} MiB/step (true 8); step-peak gap vs max_memory_allocated on "
-          f"steps where the lifetime peak rose: max {max(gaps, default=0) / MiB:.3f} MiB over {len(gaps)} steps")
+    print(
+        f"GPU leak: {leak / MiB:.3f} MiB/step (true 8); step-peak gap vs max_memory_allocated on "
+        f"steps where the lifetime peak rose: max {max(gaps, default=0) / MiB:.3f} MiB over {len(gaps)} steps"
+    )
     assert leak is not None and abs(leak - 8 * MiB) <= 0.10 * 8 * MiB
     assert value(exp, "memexporter_oom_eta_seconds") not in (None, float("inf"))
     # A leak raises the lifetime peak every step, and on such a step the exporter's step peak IS

@@ -60,8 +60,10 @@ def test_snapshot_endpoint_serves_a_memory_viz_pickle() -> None:
     x = torch.ones(16 * MiB // 4, device="cuda")
     exp = memexporter.start(port=0, addr="127.0.0.1", debug=True)
     assert exp.diagnostics is not None and exp.diagnostics.token is not None
-    req = urllib.request.Request(f"http://127.0.0.1:{exp.port}/debug/snapshot",
-                                 headers={"Authorization": f"Bearer {exp.diagnostics.token.value}"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{exp.port}/debug/snapshot",
+        headers={"Authorization": f"Bearer {exp.diagnostics.token.value}"},
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.headers["Content-Type"] == "application/octet-stream"
         snapshot = pickle.loads(r.read())
@@ -97,8 +99,15 @@ CHILD = textwrap.dedent(
 def test_history_carries_stack_traces_and_an_oom_writes_the_dump(tmp_path: Path) -> None:
     script, dump = tmp_path / "child.py", tmp_path / "dumps"
     script.write_text(CHILD)
-    out = subprocess.run([sys.executable, str(script), str(dump)], capture_output=True, text=True, timeout=300,
-                         env=module_env({"MEMEXPORTER_STRICT": "0"}), cwd=REPO_ROOT, check=False)
+    out = subprocess.run(
+        [sys.executable, str(script), str(dump)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=module_env({"MEMEXPORTER_STRICT": "0"}),
+        cwd=REPO_ROOT,
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert "allocate_here" in result["frames"]

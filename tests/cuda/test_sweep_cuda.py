@@ -43,15 +43,36 @@ CAPPED = textwrap.dedent(
 
 def sweep(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     out = tmp_path / "sweep.json"
-    proc = subprocess.run([sys.executable, "-m", "memexporter", "sweep", "--json", str(out), *args], capture_output=True,
-                          text=True, timeout=600, env=module_env(), cwd=tmp_path, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "memexporter", "sweep", "--json", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=module_env(),
+        cwd=tmp_path,
+        check=False,
+    )
     assert out.exists(), proc.stdout + proc.stderr
     return proc, json.loads(out.read_text())
 
 
 def test_a_sweep_of_the_demo_on_the_gpu(tmp_path: Path) -> None:
-    proc, doc = sweep(tmp_path, "--grid", "batch=8,32", "--steps", "5", "--", "memexporter", "demo", "--device", "cuda",
-                      "--batch", "{batch}", "--steps", "100")
+    proc, doc = sweep(
+        tmp_path,
+        "--grid",
+        "batch=8,32",
+        "--steps",
+        "5",
+        "--",
+        "memexporter",
+        "demo",
+        "--device",
+        "cuda",
+        "--batch",
+        "{batch}",
+        "--steps",
+        "100",
+    )
     assert proc.returncode == 0, proc.stderr
     small, large = doc["runs"]
     for run in (small, large):
@@ -68,7 +89,9 @@ def test_a_sweep_of_the_demo_on_the_gpu(tmp_path: Path) -> None:
 def test_a_caught_cuda_oom_is_an_oom_and_larger_sizes_are_skipped(tmp_path: Path) -> None:
     script = tmp_path / "capped.py"
     script.write_text(CAPPED)
-    proc, doc = sweep(tmp_path, "--grid", "batch=1,2,8,16", "--steps", "3", "--", sys.executable, str(script), "{batch}")
+    proc, doc = sweep(
+        tmp_path, "--grid", "batch=1,2,8,16", "--steps", "3", "--", sys.executable, str(script), "{batch}"
+    )
     assert proc.returncode == 0, proc.stderr
     runs = {r["params"]["batch"]: r for r in doc["runs"]}
     assert runs[1]["fits"] and runs[2]["fits"]

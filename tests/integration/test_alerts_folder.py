@@ -30,8 +30,9 @@ EXAMPLES = REPO_ROOT / "examples" / "prometheus"
 
 
 def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([require("promtool"), *map(str, args)], capture_output=True, text=True, timeout=300,
-                          check=False)
+    return subprocess.run(
+        [require("promtool"), *map(str, args)], capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def scenarios_over(rule_glob: str, dest: Path) -> list[Path]:
@@ -48,8 +49,10 @@ def scenarios_over(rule_glob: str, dest: Path) -> list[Path]:
 
 
 def example_rule_files() -> dict[str, list[str]]:
-    return {name: yaml.safe_load((EXAMPLES / name).read_text(encoding="utf-8"))["rule_files"]
-            for name in ("prometheus.static.yml", "prometheus.file_sd.yml")}
+    return {
+        name: yaml.safe_load((EXAMPLES / name).read_text(encoding="utf-8"))["rule_files"]
+        for name in ("prometheus.static.yml", "prometheus.file_sd.yml")
+    }
 
 
 def test_examples_load_the_rules_from_a_folder_of_their_own() -> None:
@@ -87,8 +90,13 @@ def test_real_prometheus_loads_the_whole_folder_once() -> None:
     with running_prometheus([], [Path(FOLDER_GLOB)], evaluation_interval="1s") as prom:
         groups = prom.rules()
         assert sorted(g["name"] for g in groups) == [
-            "memexporter.alerts", "memexporter.forecast", "memexporter.leak", "memexporter.rules", "memexporter.runs",
-            "memexporter.trends"]
+            "memexporter.alerts",
+            "memexporter.forecast",
+            "memexporter.leak",
+            "memexporter.rules",
+            "memexporter.runs",
+            "memexporter.trends",
+        ]
         # An alert comes per rank and per run (label scope): the name and the scope are one rule.
         names = [(r["name"], r.get("labels", {}).get("scope")) for g in groups for r in g["rules"]]
         assert len(names) == len(set(names)), "a rule is loaded twice"

@@ -47,8 +47,9 @@ SLOW = (*TINY, "--warmup-steps", "5", "--memory-limit-mib", "1024", "--leak-mib-
 
 
 def firing(alertname: str) -> Any:
-    return lambda payload: any(a["labels"].get("alertname") == alertname and a["status"] == "firing"
-                               for a in payload.get("alerts", []))
+    return lambda payload: any(
+        a["labels"].get("alertname") == alertname and a["status"] == "firing" for a in payload.get("alerts", [])
+    )
 
 
 def the_alert(received: Received, alertname: str) -> dict[str, Any]:
@@ -67,9 +68,12 @@ def live_chain(tmp: Path, *demo_args: str) -> Iterator[tuple[WebhookReceiver, su
     spinning threads would only take CPU from the tests that run beside it."""
     port = free_port()
     rules = render_preset(tmp / "rules", "demo")
-    with WebhookReceiver() as hook, running_alertmanager(routed_example(tmp, hook.url)) as am, \
-            running_demo(port, *demo_args, env={"OMP_NUM_THREADS": "1"}, timeout=90, log=tmp / "demo.log") as demo, \
-            running_prometheus([f"127.0.0.1:{port}"], [rules], alertmanager_url=am.url) as prom:
+    with (
+        WebhookReceiver() as hook,
+        running_alertmanager(routed_example(tmp, hook.url)) as am,
+        running_demo(port, *demo_args, env={"OMP_NUM_THREADS": "1"}, timeout=90, log=tmp / "demo.log") as demo,
+        running_prometheus([f"127.0.0.1:{port}"], [rules], alertmanager_url=am.url) as prom,
+    ):
         prom.wait_targets_up(timeout=30)
         yield hook, demo, prom
 
@@ -80,8 +84,9 @@ def warned(hook: WebhookReceiver, demo: subprocess.Popen[bytes], timeout: float,
     warning = hook.wait_for(firing("MemexporterOOMPredicted"), timeout=timeout)
     assert warning.path == "/chat", "warnings route to the chat receiver"
     assert the_alert(warning, "MemexporterOOMPredicted")["labels"]["severity"] == "warning"
-    assert demo.poll() is None, (f"the warning must arrive while the job still runs; the demo exited with "
-                                 f"{demo.returncode}:\n{tail(log)}")
+    assert demo.poll() is None, (
+        f"the warning must arrive while the job still runs; the demo exited with {demo.returncode}:\n{tail(log)}"
+    )
     return warning
 
 
@@ -93,8 +98,10 @@ def test_young_demo_is_warned_before_it_stops(tmp_path: Path, record_property: A
         stopped = time.time()
         assert rc == SIMULATED_OOM_EXIT
         lead = stopped - warning.time
-        print(f"young demo: OOMPredicted reached the chat webhook {warning.time - started:.0f} s after start, "
-              f"{lead:.0f} s before the simulated OOM at {stopped - started:.0f} s")
+        print(
+            f"young demo: OOMPredicted reached the chat webhook {warning.time - started:.0f} s after start, "
+            f"{lead:.0f} s before the simulated OOM at {stopped - started:.0f} s"
+        )
         record_property("young_lead_seconds", round(lead))
         assert lead >= 30, f"the warning arrived only {lead:.0f} s before the demo stopped (issue 9: >= 30 s)"
 
@@ -126,8 +133,10 @@ def test_page_arrives_before_the_simulated_oom(tmp_path: Path, record_property: 
         budget = prom.query('memexporter_memory_limit_bytes{job="memexporter",device="cpu"}')
         used = prom.query('memexporter_memory_used_bytes{job="memexporter",device="cpu"}')
         headroom_mib = (float(budget[0]["value"][1]) - float(used[0]["value"][1])) / (1 << 20)
-        print(f"slow leak: OOMPredicted on chat at {warning.time - started:.0f} s, OOMImminent on the pager at "
-              f"{page.time - started:.0f} s with {headroom_mib:.0f} MiB to go (~{headroom_mib / 2:.0f} s at 2 MiB/s)")
+        print(
+            f"slow leak: OOMPredicted on chat at {warning.time - started:.0f} s, OOMImminent on the pager at "
+            f"{page.time - started:.0f} s with {headroom_mib:.0f} MiB to go (~{headroom_mib / 2:.0f} s at 2 MiB/s)"
+        )
         record_property("page_headroom_mib", round(headroom_mib))
         assert headroom_mib > 0
 

@@ -69,8 +69,11 @@ def _host_path(container_path: str, mounts: dict[str, Path]) -> Path:
     """Where ``container_path`` lives in the repository (the longest mount prefix wins)."""
     for target in sorted(mounts, key=len, reverse=True):
         if container_path == target or container_path.startswith(target.rstrip("/") + "/"):
-            return mounts[target] / container_path[len(target):].lstrip("/") if container_path != target \
+            return (
+                mounts[target] / container_path[len(target) :].lstrip("/")
+                if container_path != target
                 else mounts[target]
+            )
     raise AssertionError(f"{container_path} is not under any mount: {sorted(mounts)}")
 
 
@@ -88,11 +91,17 @@ def test_compose_schema_with_docker_compose(tmp_path: Path) -> None:
     """Debian's docker-compose (v1.29) validates the file against the compose schema without an
     engine. It predates the top-level ``name`` of the compose spec, so that one key is left out."""
     binary = require("docker-compose")
-    text = "".join(line for line in COMPOSE.read_text(encoding="utf-8").splitlines(keepends=True)
-                   if not line.startswith("name:"))
+    text = "".join(
+        line for line in COMPOSE.read_text(encoding="utf-8").splitlines(keepends=True) if not line.startswith("name:")
+    )
     (tmp_path / "compose.yaml").write_text(text, encoding="utf-8")
-    result = subprocess.run([binary, "-f", str(tmp_path / "compose.yaml"), "--project-directory", str(HERE),
-                             "config", "-q"], capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [binary, "-f", str(tmp_path / "compose.yaml"), "--project-directory", str(HERE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert (result.returncode, result.stderr) == (0, "")
     assert _compose()["name"] == "memexporter"
 
@@ -128,7 +137,9 @@ def test_long_running_services_have_healthchecks_and_dependencies_wait_for_them(
         one_shot = service.get("restart") == "no"
         assert one_shot or service["healthcheck"]["test"][0] == "CMD", f"{name} has no healthcheck"
         for dependency, condition in service.get("depends_on", {}).items():
-            wanted = "service_completed_successfully" if services[dependency].get("restart") == "no" else "service_healthy"
+            wanted = (
+                "service_completed_successfully" if services[dependency].get("restart") == "no" else "service_healthy"
+            )
             assert condition == {"condition": wanted}, f"{name} -> {dependency}"
     assert _service("demo")["healthcheck"]["test"] == ["CMD", "python", "-m", "memexporter.healthcheck"]
 
@@ -159,8 +170,13 @@ def test_prometheus_config_and_the_rendered_rules_pass_promtool(tmp_path: Path, 
     config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
     config["rule_files"] = [str(_host_path(p, mounts)) for p in config["rule_files"]]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    result = subprocess.run([require("promtool"), "check", "config", str(tmp_path / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [require("promtool"), "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     count = sum(len(g["rules"]) for g in yaml.safe_load(expected)["groups"])
     assert "SUCCESS: 1 rule files found" in result.stdout
@@ -186,8 +202,9 @@ def _alertmanager_config(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
 def test_alertmanager_runs_the_shipped_example_and_its_receivers_resolve_to_the_webhook(tmp_path: Path) -> None:
     path, config = _alertmanager_config(tmp_path)
     assert path == REPO_ROOT / "alertmanager" / "alertmanager.example.yml"
-    result = subprocess.run([require("amtool"), "check-config", str(path)], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run(
+        [require("amtool"), "check-config", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
     webhook = _service("webhook")
@@ -204,8 +221,11 @@ def test_alertmanager_runs_the_shipped_example_and_its_receivers_resolve_to_the_
 def test_grafana_provisioning_reaches_the_dashboards_and_prometheus(tmp_path: Path) -> None:
     service = _service("grafana")
     mounts = _mounts(service, tmp_path)
-    providers = [p for f in sorted(_host_path("/etc/grafana/provisioning/dashboards", mounts).glob("*.y*ml"))
-                 for p in yaml.safe_load(f.read_text(encoding="utf-8"))["providers"]]
+    providers = [
+        p
+        for f in sorted(_host_path("/etc/grafana/provisioning/dashboards", mounts).glob("*.y*ml"))
+        for p in yaml.safe_load(f.read_text(encoding="utf-8"))["providers"]
+    ]
     assert providers, "no dashboard provider is provisioned"
     uids = []
     for provider in providers:
@@ -221,7 +241,9 @@ def test_grafana_provisioning_reaches_the_dashboards_and_prometheus(tmp_path: Pa
     # The data source: the shipped one but for the URL (the prometheus service) and the scrape interval.
     source = _host_path("/etc/grafana/provisioning/datasources/prometheus.yml", mounts)
     compose_ds = yaml.safe_load(source.read_text(encoding="utf-8"))
-    shipped = yaml.safe_load((REPO_ROOT / "grafana/provisioning/datasources/prometheus.yml").read_text(encoding="utf-8"))
+    shipped = yaml.safe_load(
+        (REPO_ROOT / "grafana/provisioning/datasources/prometheus.yml").read_text(encoding="utf-8")
+    )
     (ds,), (ref,) = compose_ds["datasources"], shipped["datasources"]
     assert ds["url"] == "http://prometheus:9090" and "9090:9090" in _service("prometheus")["ports"]
     prometheus = yaml.safe_load((HERE / "prometheus.yml").read_text(encoding="utf-8"))
@@ -250,8 +272,10 @@ def test_the_demo_stays_down_after_its_oom_until_the_fatal_oom_alert_is_out(tmp_
     command = _service("demo")["command"]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("memexporter", 'echo "memexporter $*" >> "$LOG"; exit "$RC"'),
-                       ("sleep", 'echo "sleep $*" >> "$LOG"')):
+    for name, body in (
+        ("memexporter", 'echo "memexporter $*" >> "$LOG"; exit "$RC"'),
+        ("sleep", 'echo "sleep $*" >> "$LOG"'),
+    ):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n", encoding="utf-8")
         (bin_dir / name).chmod(0o755)
 
@@ -270,8 +294,12 @@ def test_the_demo_stays_down_after_its_oom_until_the_fatal_oom_alert_is_out(tmp_
     # group_wait, and a few scrapes and evaluations (every second here). The demo is one rank:
     # its per-rank alert (scope "rank") is the one that fires, not the run-wide one.
     demo_rules = yaml.safe_load(rules.render("demo"))
-    (fatal,) = [r for g in demo_rules["groups"] for r in g["rules"] if r.get("alert") == "MemexporterFatalOOMSuspected"
-                and r["labels"].get("scope", "rank") == "rank"]
+    (fatal,) = [
+        r
+        for g in demo_rules["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "MemexporterFatalOOMSuspected" and r["labels"].get("scope", "rank") == "rank"
+    ]
     routing = yaml.safe_load((REPO_ROOT / "alertmanager" / "alertmanager.example.yml").read_text(encoding="utf-8"))
     (route,) = [r for r in routing["route"]["routes"] if "MemexporterFatalOOMSuspected" in str(r.get("matchers"))]
     needed = seconds(fatal["for"]) + seconds(route["group_wait"]) + 10
@@ -306,8 +334,10 @@ def test_shipped_routing_pages_through_the_webhook_receiver(tmp_path: Path) -> N
             hook["url"] = f"http://127.0.0.1:{port}{urlsplit(hook['url']).path}"
     log = tmp_path / "webhook.log"
     receiver_argv = [sys.executable, str(HERE / "webhook.py"), "--addr", "127.0.0.1", "--port", str(port)]
-    with running_command(receiver_argv, [f"http://127.0.0.1:{port}/healthz"], log=log, what="webhook"), \
-            running_alertmanager(config) as am:
+    with (
+        running_command(receiver_argv, [f"http://127.0.0.1:{port}/healthz"], log=log, what="webhook"),
+        running_alertmanager(config) as am,
+    ):
         assert _post(f"http://127.0.0.1:{port}/", b"{not json") == 400  # a stray client is refused...
         assert _post(f"http://127.0.0.1:{port}/", b"[1, 2]") == 400
         assert _raw(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: lots\r\n\r\n").startswith(b"HTTP/1.0 400")
@@ -316,10 +346,14 @@ def test_shipped_routing_pages_through_the_webhook_receiver(tmp_path: Path) -> N
         assert check.returncode == 0  # ...and the receiver keeps serving
         common = {"job": "memexporter", "instance": "demo:9400", "device": "cpu"}
         alerts = [
-            {"labels": {**common, "alertname": "MemexporterOOMImminent", "severity": "critical", "rank": "0"},
-             "annotations": {"summary": "Training memory is about to run out."}},
-            {"labels": {**common, "alertname": "MemexporterMemoryLeak", "severity": "warning", "rank": "1"},
-             "annotations": {"summary": "Memory held between training steps keeps growing."}},
+            {
+                "labels": {**common, "alertname": "MemexporterOOMImminent", "severity": "critical", "rank": "0"},
+                "annotations": {"summary": "Training memory is about to run out."},
+            },
+            {
+                "labels": {**common, "alertname": "MemexporterMemoryLeak", "severity": "warning", "rank": "1"},
+                "annotations": {"summary": "Memory held between training steps keeps growing."},
+            },
         ]
         assert _post(f"{am.url}/api/v2/alerts", json.dumps(alerts).encode()) == 200
         deadline = time.monotonic() + 90  # the example's group_wait: 30 s for pages and for chat
@@ -345,8 +379,10 @@ def test_the_webhook_receiver_logs_no_traceback_for_clients_that_hang_up(tmp_pat
     port, log = free_port(), tmp_path / "webhook.log"
     argv = [sys.executable, str(HERE / "webhook.py"), "--addr", "127.0.0.1", "--port", str(port)]
     with running_command(argv, [f"http://127.0.0.1:{port}/healthz"], log=log, what="webhook"):
-        for request in (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n",
-                        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{not") * 20:
+        for request in (
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{not",
+        ) * 20:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
                 sock.sendall(request)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset

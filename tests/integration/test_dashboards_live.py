@@ -43,11 +43,17 @@ from tests.support.rules import render_preset
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("dashboards_live")]
 
 SECONDS_OF_DATA = 25
-DASHBOARDS = {p.name: json.loads(p.read_text(encoding="utf-8"))
-              for p in sorted((REPO_ROOT / "grafana" / "dashboards").glob("*.json"))}
+DASHBOARDS = {
+    p.name: json.loads(p.read_text(encoding="utf-8"))
+    for p in sorted((REPO_ROOT / "grafana" / "dashboards").glob("*.json"))
+}
 # Every panel with queries, those inside the Overview's collapsed row included.
-PANELS = [(name, p) for name, dash in DASHBOARDS.items() for row in dash["panels"]
-          for p in (row.get("panels", []) if row["type"] == "row" else [row])]
+PANELS = [
+    (name, p)
+    for name, dash in DASHBOARDS.items()
+    for row in dash["panels"]
+    for p in (row.get("panels", []) if row["type"] == "row" else [row])
+]
 PANEL_IDS = [f"{name.removeprefix('memexporter-').removesuffix('.json')}/{p['title']}" for name, p in PANELS]
 ANNOTATIONS = [(name, a) for name, dash in DASHBOARDS.items() for a in dash["annotations"]["list"] if "expr" in a]
 ALERT_ANNOTATIONS = [(name, a) for name, a in ANNOTATIONS if metric_names(a["expr"]) & {"ALERTS", "ALERTS_FOR_STATE"}]
@@ -101,12 +107,21 @@ def always_firing_rules(path: Path) -> Path:
     at once (what an annotation over ``ALERTS`` must show; the real conditions take hours), one stays
     pending. ``RUN_ALERT`` also fires run-wide (``scope="run"``): its per-rank twin is then no mark."""
     expr, rank = 'memexporter_steps_total{job="memexporter"} > 0', {"scope": "rank", "run_id": RUN_ID}
-    rules = [rule for name in sorted(shipped_alerts()) for rule in (
-        {"alert": name, "expr": expr, "labels": {"severity": "test", **rank}},
-        {"alert": name, "expr": expr, "for": "1h", "labels": {"severity": "test-pending", **rank}},  # stays pending
-    )]
-    rules.append({"alert": RUN_ALERT, "expr": f"max by (job) ({expr})",
-                  "labels": {"severity": "test", "scope": "run", "run_id": RUN_ID}})
+    rules = [
+        rule
+        for name in sorted(shipped_alerts())
+        for rule in (
+            {"alert": name, "expr": expr, "labels": {"severity": "test", **rank}},
+            {"alert": name, "expr": expr, "for": "1h", "labels": {"severity": "test-pending", **rank}},  # stays pending
+        )
+    ]
+    rules.append(
+        {
+            "alert": RUN_ALERT,
+            "expr": f"max by (job) ({expr})",
+            "labels": {"severity": "test", "scope": "run", "run_id": RUN_ID},
+        }
+    )
     path.write_text(yaml.safe_dump({"groups": [{"name": "always-firing", "rules": rules}]}), encoding="utf-8")
     return path
 
@@ -117,10 +132,16 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus,
     port, failing = free_port(), free_port()
     rules = always_firing_rules(tmp_path_factory.mktemp("rules") / "always-firing.rules.yml")
     shipped = render_preset(tmp_path_factory.mktemp("shipped"), "demo")
-    with (running_demo(port, *DEMO_ARGS, env={"MEMEXPORTER_RUN_ID": RUN_ID}),
-          running_command([sys.executable, "-c", FAILING, str(failing)], [f"http://127.0.0.1:{failing}/metrics"],
-                          env=module_env({"MEMEXPORTER_RUN_ID": FAILING_RUN}), what="a rank whose collector raises"),
-          running_prometheus([f"127.0.0.1:{port}", f"127.0.0.1:{failing}"], [shipped, rules]) as prom):
+    with (
+        running_demo(port, *DEMO_ARGS, env={"MEMEXPORTER_RUN_ID": RUN_ID}),
+        running_command(
+            [sys.executable, "-c", FAILING, str(failing)],
+            [f"http://127.0.0.1:{failing}/metrics"],
+            env=module_env({"MEMEXPORTER_RUN_ID": FAILING_RUN}),
+            what="a rank whose collector raises",
+        ),
+        running_prometheus([f"127.0.0.1:{port}", f"127.0.0.1:{failing}"], [shipped, rules]) as prom,
+    ):
         prom.wait_targets_up(timeout=30)
         prom.wait_for(
             f'count_over_time(memexporter_steps_total{{job="memexporter"}}[1m]) >= {SECONDS_OF_DATA}',
@@ -129,8 +150,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus,
         (info,) = prom.query(f'memexporter_run_info{{job="memexporter", run_id="{RUN_ID}"}}')
         assert (info["metric"]["run_id"], info["metric"]["run_id_source"]) == (RUN_ID, "memexporter")
         # What Grafana sends for a selection of job "memexporter", the demo's run, its one instance and rank 0.
-        values = {"job": "memexporter", "run_id": RUN_ID, "instance": f"127.0.0.1:{port}", "rank": "0",
-                  "failing_instance": f"127.0.0.1:{failing}"}
+        values = {
+            "job": "memexporter",
+            "run_id": RUN_ID,
+            "instance": f"127.0.0.1:{port}",
+            "rank": "0",
+            "failing_instance": f"127.0.0.1:{failing}",
+        }
         yield prom, values
 
 
@@ -186,7 +212,9 @@ def test_panel_queries_return_data(live: tuple[Prometheus, dict[str, str]], name
         if "topk(" in expr:  # at most K series at any instant
             assert 0 < len(prom.query(expr)) <= 10, expr
         other_run = substitute(target["expr"], {**values, "run_id": "some-other-run"})
-        assert _run(prom, other_run, target["instant"]) == [], f"{name}: {panel['title']!r} ignores the run: {other_run}"
+        assert _run(prom, other_run, target["instant"]) == [], (
+            f"{name}: {panel['title']!r} ignores the run: {other_run}"
+        )
 
 
 def test_every_query_as_the_benchmark_sends_it(live: tuple[Prometheus, dict[str, str]]) -> None:
@@ -194,8 +222,10 @@ def test_every_query_as_the_benchmark_sends_it(live: tuple[Prometheus, dict[str,
     is accepted, also with 1,024 ranks ticked (Grafana's long regex), and answers as with rank 0 alone
     (the demo has rank 0 only)."""
     prom, values = live
-    one, many = (dashboards.panel_queries(job=values["job"], run_id=values["run_id"], instances=values["instance"],
-                                          ranks=ranks) for ranks in (["0"], [str(r) for r in range(1024)]))
+    one, many = (
+        dashboards.panel_queries(job=values["job"], run_id=values["run_id"], instances=values["instance"], ranks=ranks)
+        for ranks in (["0"], [str(r) for r in range(1024)])
+    )
     assert len(one) == len(many) == sum(len(p["targets"]) for _, p in PANELS) + len(ANNOTATIONS)
     for a, b in zip(one, many, strict=True):
         assert len(b.expr) < 16 * 1024, (b.panel, len(b.expr))
@@ -249,8 +279,9 @@ def test_every_annotation_is_checked_here() -> None:
 
 
 @pytest.mark.parametrize(("name", "note"), ALERT_ANNOTATIONS, ids=[f"{n}/{a['name']}" for n, a in ALERT_ANNOTATIONS])
-def test_alert_annotations_show_the_jobs_firing_alerts(live: tuple[Prometheus, dict[str, str]], name: str,
-                                                       note: dict[str, Any]) -> None:
+def test_alert_annotations_show_the_jobs_firing_alerts(
+    live: tuple[Prometheus, dict[str, str]], name: str, note: dict[str, Any]
+) -> None:
     prom, values = live
     names = metric_names(note["expr"])
     assert names & {"ALERTS", "ALERTS_FOR_STATE"}, f"{name}: {note['name']!r} is not an alert annotation"
@@ -282,8 +313,9 @@ def test_alert_annotations_show_the_jobs_firing_alerts(live: tuple[Prometheus, d
 
 
 @pytest.mark.parametrize(("name", "note"), PHASE_ANNOTATIONS, ids=[f"{n}/{a['name']}" for n, a in PHASE_ANNOTATIONS])
-def test_phase_annotation_marks_the_demos_evaluations(live: tuple[Prometheus, dict[str, str]], name: str,
-                                                     note: dict[str, Any]) -> None:
+def test_phase_annotation_marks_the_demos_evaluations(
+    live: tuple[Prometheus, dict[str, str]], name: str, note: dict[str, Any]
+) -> None:
     prom, values = live
     # As Grafana runs it: a range query at the annotation's step; a region where the value is >= 1.
     expr = substitute(note["expr"], values)

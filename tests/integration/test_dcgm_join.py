@@ -31,7 +31,9 @@ DRIVER = "550.54.15"
 
 
 def documented_queries() -> list[str]:
-    section = (REPO_ROOT / "docs" / "gpus.md").read_text().split("## Joining with dcgm-exporter", 1)[1].split("\n#", 1)[0]
+    section = (
+        (REPO_ROOT / "docs" / "gpus.md").read_text().split("## Joining with dcgm-exporter", 1)[1].split("\n#", 1)[0]
+    )
     return re.findall(r"```promql\n(.*?)```", section, re.S)
 
 
@@ -62,8 +64,16 @@ def memexporter_side(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
             samples = {s.name: s for f in reg.collect() for s in f.samples}
         target = {"job": "trainer", "instance": f"{node}:{9400 + rank}", "rank": str(rank)}
         info, reserved = samples["memexporter_device_info"], samples["memexporter_allocator_reserved_bytes"]
-        ranks.append({"target": target, "info": {**info.labels, **target}, "reserved": reserved.value,
-                      "reserved_labels": {**reserved.labels, **target}, "nvml": answers["nvml"], "node": node})
+        ranks.append(
+            {
+                "target": target,
+                "info": {**info.labels, **target},
+                "reserved": reserved.value,
+                "reserved_labels": {**reserved.labels, **target},
+                "nvml": answers["nvml"],
+                "node": node,
+            }
+        )
     return ranks
 
 
@@ -75,9 +85,17 @@ def dcgm_side(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         seen.add(r["node"])
         for i, gpu in enumerate(r["nvml"]["gpus"]):
-            base = {"gpu": str(i), "UUID": gpu["uuid"], "pci_bus_id": gpu["pci_bus_id"], "device": f"nvidia{i}",
-                    "modelName": gpu["name"], "Hostname": r["node"], "DCGM_FI_DRIVER_VERSION": DRIVER,
-                    "job": "dcgm-exporter", "instance": f"{r['node']}:9400"}
+            base = {
+                "gpu": str(i),
+                "UUID": gpu["uuid"],
+                "pci_bus_id": gpu["pci_bus_id"],
+                "device": f"nvidia{i}",
+                "modelName": gpu["name"],
+                "Hostname": r["node"],
+                "DCGM_FI_DRIVER_VERSION": DRIVER,
+                "job": "dcgm-exporter",
+                "instance": f"{r['node']}:9400",
+            }
             out.append({"labels": base, "value": gpu["memory"]["used"] // MiB})
             for mig in gpu["mig"]:
                 labels = {**base, "GPU_I_PROFILE": "1g.10gb", "GPU_I_ID": str(mig["gpu_instance_id"])}
@@ -98,23 +116,42 @@ def test_readme_dcgm_joins_on_dcgm_shaped_series(tmp_path: Path, monkeypatch: py
     by_gpu = {(r["info"]["gpu_uuid"], r["info"]["gpu_instance_id"]): r for r in ranks}
     matched = [d for d in dcgm if key(d["labels"]) in by_gpu]
     assert len(matched) == 3 and len(dcgm) == 4 + 1 + 3  # unused GPUs and the MIG parent stay out
-    rank_of = [{"labels": {**d["labels"], "rank": by_gpu[key(d["labels"])]["target"]["rank"]}, "value": d["value"]}
-               for d in matched]
-    outside = [{"labels": d["labels"], "value": d["value"] * MiB - by_gpu[key(d["labels"])]["reserved"]} for d in matched]
+    rank_of = [
+        {"labels": {**d["labels"], "rank": by_gpu[key(d["labels"])]["target"]["rank"]}, "value": d["value"]}
+        for d in matched
+    ]
+    outside = [
+        {"labels": d["labels"], "value": d["value"] * MiB - by_gpu[key(d["labels"])]["reserved"]} for d in matched
+    ]
 
     values = "{0} {0} {0}"
     inputs = [{"series": series("DCGM_FI_DEV_FB_USED", d["labels"]), "values": values.format(d["value"])} for d in dcgm]
     for r in ranks:
         inputs.append({"series": series("memexporter_device_info", r["info"]), "values": values.format(1)})
-        inputs.append({"series": series("memexporter_allocator_reserved_bytes", r["reserved_labels"]),
-                       "values": values.format(int(r["reserved"]))})
-    tests = [{"interval": "1m", "input_series": inputs, "promql_expr_test": [
-        {"expr": query, "eval_time": "2m",
-         "exp_samples": [{"labels": series("", s["labels"]), "value": s["value"]} for s in expected]}
-        for query, expected in zip(queries, [rank_of, outside], strict=True)]}]
+        inputs.append(
+            {
+                "series": series("memexporter_allocator_reserved_bytes", r["reserved_labels"]),
+                "values": values.format(int(r["reserved"])),
+            }
+        )
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": inputs,
+            "promql_expr_test": [
+                {
+                    "expr": query,
+                    "eval_time": "2m",
+                    "exp_samples": [{"labels": series("", s["labels"]), "value": s["value"]} for s in expected],
+                }
+                for query, expected in zip(queries, [rank_of, outside], strict=True)
+            ],
+        }
+    ]
     path = tmp_path / "dcgm_join.yml"
     path.write_text(yaml.safe_dump({"tests": tests}, sort_keys=False))
-    done = subprocess.run([require("promtool"), "test", "rules", str(path)], capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [require("promtool"), "test", "rules", str(path)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout + done.stderr

@@ -111,8 +111,14 @@ def test_memory_document_names_the_growing_group_and_its_holder() -> None:
     assert sizes == sorted(sizes, reverse=True)
     top = doc["growth"][0]
     assert {k: top[k] for k in ("device", "dtype", "shape", "kind", "count_per_step", "bytes_per_step", "held_by")} == {
-        "device": "cpu", "dtype": "float32", "shape": [1, 4099], "kind": "other", "count_per_step": 1.0,
-        "bytes_per_step": 4099 * 4.0, "held_by": ["Trainer.kept (list)"]}
+        "device": "cpu",
+        "dtype": "float32",
+        "shape": [1, 4099],
+        "kind": "other",
+        "count_per_step": 1.0,
+        "bytes_per_step": 4099 * 4.0,
+        "held_by": ["Trainer.kept (list)"],
+    }
     assert doc["oom"]["cpu"]["used_bytes"] > 0 and doc["oom"]["cpu"]["limit_bytes"] > doc["oom"]["cpu"]["used_bytes"]
     landing = get(base + "/")[2]
     assert b'href="debug/memory"' in landing and b'href="debug/snapshot"' in landing
@@ -211,8 +217,9 @@ def test_memory_answers_from_the_last_census_while_the_next_one_hangs(monkeypatc
         stuck.join(10)
 
 
-def test_a_failing_document_is_a_500_that_says_why_not_a_traceback(monkeypatch: pytest.MonkeyPatch,
-                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_failing_document_is_a_500_that_says_why_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     from memexporter.diagnose import http
 
     def broken(diagnosis: Any, top: int) -> Any:
@@ -224,7 +231,6 @@ def test_a_failing_document_is_a_500_that_says_why_not_a_traceback(monkeypatch: 
     assert status == 500 and b"ValueError: Out of range float" in body
     assert get(f"http://127.0.0.1:{exp.port}/metrics")[0] == 200
     assert "Traceback" not in capfd.readouterr().err  # nothing on the job's stderr per request
-
 
 
 def test_the_endpoints_need_the_processs_token_and_metrics_does_not() -> None:
@@ -315,11 +321,18 @@ def test_a_token_from_the_environment_and_a_short_one_refused(monkeypatch: pytes
 
 @pytest.mark.parametrize(
     ("allow", "warned"),
-    [("0.0.0.0/0", "0.0.0.0/0"), ("::/0", "::/0"), ("10.0.0.0/8, 8.8.8.0/24", "8.8.8.0/24"), ("10.0.0.0/7", "10.0.0.0/7"),
-     ("10.0.0.0/8, 192.168.0.0/16, fd00::/8", None), (None, None)],
+    [
+        ("0.0.0.0/0", "0.0.0.0/0"),
+        ("::/0", "::/0"),
+        ("10.0.0.0/8, 8.8.8.0/24", "8.8.8.0/24"),
+        ("10.0.0.0/7", "10.0.0.0/7"),
+        ("10.0.0.0/8, 192.168.0.0/16, fd00::/8", None),
+        (None, None),
+    ],
 )
 def test_an_allow_list_open_past_private_networks_is_a_loud_warning(
-        allow: str | None, warned: str | None, caplog: pytest.LogCaptureFixture) -> None:
+    allow: str | None, warned: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="memexporter")
     memexporter.start(port=0, addr="127.0.0.1", debug=True, debug_allow=allow)
     said = [r for r in caplog.records if "debug_allow" in r.getMessage() and r.levelno >= logging.WARNING]

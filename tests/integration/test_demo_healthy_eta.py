@@ -40,10 +40,21 @@ STEPS = 450
 
 
 def test_healthy_demo_eta_stays_infinite_at_every_step(tmp_path: Path, record_property: Any) -> None:
-    cmd = [sys.executable, "-m", "tests.support.healthy_demo", "--runs", str(RUNS), "--steps", str(STEPS),
-           "--out", str(tmp_path), *DEMO]
-    result = subprocess.run(cmd, cwd=REPO_ROOT, env=module_env(), capture_output=True, text=True, timeout=900,
-                            check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.support.healthy_demo",
+        "--runs",
+        str(RUNS),
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(tmp_path),
+        *DEMO,
+    ]
+    result = subprocess.run(
+        cmd, cwd=REPO_ROOT, env=module_env(), capture_output=True, text=True, timeout=900, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     runs = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(runs) == RUNS, result.stdout + result.stderr

@@ -48,8 +48,10 @@ def test_leaking_demo_reports_its_leak_within_150_steps() -> None:
     with running_demo(port, *TINY, "--leak-mib-per-step", "8", "--no-track"):
         m = at_step(port, 150)
     leak = m["memexporter_leak_bytes_per_step"]
-    print(f"leak after {m['memexporter_steps_total']:.0f} steps: {leak / MiB:.2f} MiB/step, "
-          f"ETA {m['memexporter_oom_eta_seconds']:.0f} s")
+    print(
+        f"leak after {m['memexporter_steps_total']:.0f} steps: {leak / MiB:.2f} MiB/step, "
+        f"ETA {m['memexporter_oom_eta_seconds']:.0f} s"
+    )
     assert abs(leak - 8 * MiB) <= 0.25 * 8 * MiB
     assert math.isfinite(m["memexporter_oom_eta_seconds"])
     assert m["memexporter_leak_rate_bytes_per_second"] > 0

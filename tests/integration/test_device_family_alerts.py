@@ -55,8 +55,15 @@ def scraped_run(mp: pytest.MonkeyPatch, name: str, leak_share_per_hour: float) -
     install(mp, name, a)
     allocator, driver = select.backends(KIND[name])
     now = [0.0]
-    tracker = StepTracker(allocator, FakeHost(), window=200, warmup_steps=20, clock=lambda: now[0],
-                          host_peak=lambda: 0, wall=lambda: 1.8e9 + now[0])
+    tracker = StepTracker(
+        allocator,
+        FakeHost(),
+        window=200,
+        warmup_steps=20,
+        clock=lambda: now[0],
+        host_peak=lambda: 0,
+        wall=lambda: 1.8e9 + now[0],
+    )
     reg = registry_for(sources(allocator, driver, FakeHost(), steps=tracker))  # type: ignore[arg-type]
     limit = reg.get_sample_value("memexporter_memory_limit_bytes", {"rank": "3", "device": LABEL[name]})
     assert limit, f"{name}: no limit to leak against"
@@ -78,13 +85,16 @@ def scraped_run(mp: pytest.MonkeyPatch, name: str, leak_share_per_hour: float) -
 
 def rule_test(scraped: Scraped, tests: str) -> str:
     groups = [g["name"] for g in yaml.safe_load(RULES.read_text())["groups"]]
-    return (f"rule_files:\n  - {RULES}\nevaluation_interval: 1m\ngroup_eval_order: {groups}\ntests:\n"
-            f"  - interval: {STEP_S}s\n{input_series(scraped)}    promql_expr_test:\n{tests}")
+    return (
+        f"rule_files:\n  - {RULES}\nevaluation_interval: 1m\ngroup_eval_order: {groups}\ntests:\n"
+        f"  - interval: {STEP_S}s\n{input_series(scraped)}    promql_expr_test:\n{tests}"
+    )
 
 
 def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([require("promtool"), *args], input=stdin, capture_output=True, text=True, timeout=300,
-                          check=False)
+    return subprocess.run(
+        [require("promtool"), *args], input=stdin, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 @pytest.fixture(params=[ROCM, XPU, MPS], ids=["amd", "intel", "apple"])
@@ -93,20 +103,26 @@ def family(request: pytest.FixtureRequest) -> str:
 
 
 def test_exposition_passes_promtool_and_a_leak_fires_on_the_familys_device(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, family: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, family: str
+) -> None:
     scraped, text = scraped_run(monkeypatch, family, leak_share_per_hour=0.05)
     lint = promtool("check", "metrics", stdin=text)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     device = LABEL[family]
     assert f'device="{device}"' in text
     path = tmp_path / "leak.yml"
-    path.write_text(rule_test(scraped, f"""\
+    path.write_text(
+        rule_test(
+            scraped,
+            f"""\
       - expr: count by (alertname, device) (ALERTS{{alertstate="firing", scope="rank"}})
         eval_time: {MINUTES}m
         exp_samples:
           - labels: '{{alertname="MemexporterMemoryLeak",device="{device}"}}'
             value: 1
-"""))
+""",
+        )
+    )
     result = promtool("test", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -114,10 +130,15 @@ def test_exposition_passes_promtool_and_a_leak_fires_on_the_familys_device(
 def test_flat_memory_fires_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, family: str) -> None:
     scraped, _ = scraped_run(monkeypatch, family, leak_share_per_hour=0.0)
     path = tmp_path / "flat.yml"
-    path.write_text(rule_test(scraped, f"""\
+    path.write_text(
+        rule_test(
+            scraped,
+            f"""\
       - expr: count_over_time(ALERTS{{alertstate="firing"}}[{MINUTES}m])
         eval_time: {MINUTES}m
         exp_samples: []
-"""))
+""",
+        )
+    )
     result = promtool("test", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -110,16 +110,30 @@ def test_a_users_leak_is_named_by_debug_memory_inspect_and_the_log(tmp_path: Pat
     script.write_text(LEAKY_SCRIPT)
     port = free_port()
     argv = [sys.executable, "-m", "memexporter", "run", "--port", str(port), "--addr", "127.0.0.1", str(script)]
-    with running_command(argv, [f"http://127.0.0.1:{port}/metrics"], env=module_env(debug_env(tmp_path)),
-                         cwd=REPO_ROOT, log=log, timeout=120, what="memexporter run train.py"):
+    with running_command(
+        argv,
+        [f"http://127.0.0.1:{port}/metrics"],
+        env=module_env(debug_env(tmp_path)),
+        cwd=REPO_ROOT,
+        log=log,
+        timeout=120,
+        what="memexporter run train.py",
+    ):
         doc = until(port, named("Trainer.recent_batches (list)"))
         # No token given: inspect reads the job's token file (the job's user, the job's node).
-        inspect = subprocess.run([sys.executable, "-m", "memexporter", "inspect", f"127.0.0.1:{port}"],
-                                 capture_output=True, text=True, timeout=60, check=False,
-                                 env=module_env({"XDG_RUNTIME_DIR": str(tmp_path), "HOME": str(tmp_path)}))
+        inspect = subprocess.run(
+            [sys.executable, "-m", "memexporter", "inspect", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=module_env({"XDG_RUNTIME_DIR": str(tmp_path), "HOME": str(tmp_path)}),
+        )
     top = doc["growth"][0]
-    print(f"named at census step {doc['census']['step']} (job at step {doc['step']}): "
-          f"{top['bytes_per_step'] / MiB:.3f} MiB/step, {top['count_per_step']:+.2f} tensors/step, {top['held_by']}")
+    print(
+        f"named at census step {doc['census']['step']} (job at step {doc['step']}): "
+        f"{top['bytes_per_step'] / MiB:.3f} MiB/step, {top['count_per_step']:+.2f} tensors/step, {top['held_by']}"
+    )
     assert top["shape"] == [1, 262144] and top["dtype"] == "float32" and top["device"] == "cpu"
     assert abs(top["bytes_per_step"] - MiB) <= 0.25 * MiB
     assert top["held_by"][0] == "Trainer.recent_batches (list)"
@@ -129,8 +143,11 @@ def test_a_users_leak_is_named_by_debug_memory_inspect_and_the_log(tmp_path: Pat
     assert out.index("Growing") < out.index("Census:")
     row = next(line for line in out.splitlines() if "float32[1, 262144]" in line)
     assert "Trainer.recent_batches (list)" in row and "1.0 MiB" in row and "+1" in row
-    said = re.findall(r"memexporter: leaking ([\d.]+) MiB/step: float32\[1, 262144\] on cpu, \+1 per step, "
-                      r"held by Trainer\.recent_batches \(list\)", log.read_text())
+    said = re.findall(
+        r"memexporter: leaking ([\d.]+) MiB/step: float32\[1, 262144\] on cpu, \+1 per step, "
+        r"held by Trainer\.recent_batches \(list\)",
+        log.read_text(),
+    )
     assert len(said) == 1 and abs(float(said[0]) - 1.0) <= 0.25, log.read_text()[-3000:]
     assert TOKEN not in log.read_text()
     # The job was stopped with SIGTERM, which runs no clean-up: its token file stays, and inspect skips it.
@@ -184,8 +201,14 @@ PREMORTEM_SCRIPT = textwrap.dedent(
 def test_the_premortem_is_on_disk_before_the_oom_and_survives_sigkill(tmp_path: Path) -> None:
     script, dumps = tmp_path / "job.py", tmp_path / "dumps"
     script.write_text(PREMORTEM_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), str(dumps)], env=module_env(), cwd=REPO_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(dumps)],
+        env=module_env(),
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not (dumps.is_dir() and any(dumps.iterdir())):
@@ -207,7 +230,13 @@ def test_the_premortem_is_on_disk_before_the_oom_and_survives_sigkill(tmp_path: 
     leak = next(g for g in doc["census"]["groups"] if g["shape"] == [2097152])
     assert leak["count"] >= 5 and doc["oom"]["cpu"]["limit_bytes"] > 0
     # The job is gone: inspect reads what it left (the folder: its newest dump).
-    inspect = subprocess.run([sys.executable, "-m", "memexporter", "inspect", str(dumps)], capture_output=True,
-                             text=True, timeout=60, env=module_env(), check=False)
+    inspect = subprocess.run(
+        [sys.executable, "-m", "memexporter", "inspect", str(dumps)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=module_env(),
+        check=False,
+    )
     assert inspect.returncode == 0, inspect.stderr
     assert f"why: {doc['reason']}" in inspect.stdout and "float32[2097152]" in inspect.stdout

@@ -34,7 +34,11 @@ from tests.support.process import stop
 
 pytestmark = pytest.mark.integration
 
-PAGES = ("README.md", *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md")), "alerts/runbook.md")
+PAGES = (
+    "README.md",
+    *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md")),
+    "alerts/runbook.md",
+)
 FENCE = re.compile(r"^```(bash|sh)\n(.*?)^```", re.S | re.M)
 PIP_SELF = re.compile(r"""^pip install ["']?memexporter(?:\[([\w,-]+)\])?["']?(?=\s|$)""", re.M)
 
@@ -78,7 +82,9 @@ class Elsewhere:
 def readme_demo_line(tmp: Path, out: str) -> None:
     said = re.search(r"```\n(memexporter demo: training .*?)\n```", (REPO_ROOT / "README.md").read_text()).group(1)  # type: ignore[union-attr]
     port = re.search(r"open http://localhost:(\d+)/", out)
-    assert port and said.replace("9400", port.group(1)) in out, f"the README says the demo prints\n{said}\nit printed\n{out[-3000:]}"
+    assert port and said.replace("9400", port.group(1)) in out, (
+        f"the README says the demo prints\n{said}\nit printed\n{out[-3000:]}"
+    )
 
 
 def dashboards_match_the_committed_ones(tmp: Path, out: str) -> None:
@@ -97,7 +103,10 @@ def grafana_files_in_place(tmp: Path, out: str) -> None:
 def kubernetes_renderings(tmp: Path, out: str) -> None:
     rule = yaml.safe_load((tmp / "memexporter-rules.yaml").read_text())
     assert rule["kind"] == "PrometheusRule" and rule["metadata"]["namespace"] == "monitoring"
-    assert rule["metadata"]["labels"]["release"] == "kps" and 'job="trainer"' in (tmp / "memexporter-rules.yaml").read_text()
+    assert (
+        rule["metadata"]["labels"]["release"] == "kps"
+        and 'job="trainer"' in (tmp / "memexporter-rules.yaml").read_text()
+    )
     maps = [d for d in yaml.safe_load_all((tmp / "memexporter-dashboards.yaml").read_text()) if d]
     assert {d["kind"] for d in maps} == {"ConfigMap"} and len(maps) == 3
     assert len(list((tmp / "root/var/lib/grafana/dashboards/memexporter").glob("*.json"))) == 3
@@ -110,7 +119,8 @@ def oom_dump_dir_made(tmp: Path, out: str) -> None:
 def vmalert_installed(tmp: Path, out: str) -> None:
     root = tmp / "root"
     assert (root / "etc/memexporter/alerts/memexporter.rules.yml").read_bytes() == (
-        REPO_ROOT / "alerts/memexporter.rules.yml").read_bytes()
+        REPO_ROOT / "alerts/memexporter.rules.yml"
+    ).read_bytes()
     assert (root / "etc/default/vmalert").is_file() and (root / "etc/systemd/system/vmalert.service").is_file()
 
 
@@ -133,67 +143,150 @@ TRAIN = textwrap.dedent("""\
 QUICK_LEAK = {"MEMEXPORTER_LEAK_WINDOW": "24"}  # the estimate over 24 steps, not 200: seconds, not a minute
 
 PLAN: dict[tuple[str, str], Run | Elsewhere] = {
-    ("README.md", "scripts/demo.sh     # set up, then train a small GPT with memexporter on: open http://localhost:9400/"): Run(
+    (
+        "README.md",
+        "scripts/demo.sh     # set up, then train a small GPT with memexporter on: open http://localhost:9400/",
+    ): Run(
         "the demo runs until Ctrl-C: here 5 steps on a free port; scripts/test.sh is the command CI runs, this test among its tests",
-        edits=(("scripts/demo.sh     #", "scripts/demo.sh --steps 5 --port {port}  #"), ("scripts/test.sh     #", "true  #")),
-        check=readme_demo_line),
+        edits=(
+            ("scripts/demo.sh     #", "scripts/demo.sh --steps 5 --port {port}  #"),
+            ("scripts/test.sh     #", "true  #"),
+        ),
+        check=readme_demo_line,
+    ),
     ("README.md", "scripts/demo.sh --leak-mib-per-step 8 --memory-limit-mib 3072 --step-interval 0.2"): Run(
         "60 steps on a free port (the simulated OOM would come after about 330), the leak window 24 steps",
-        edits=(("--step-interval 0.2", "--step-interval 0.2 --steps 60 --warmup-steps 5 --port {port}"),), env=QUICK_LEAK,
-        expect=(r"leak [1-9][0-9.]* MiB/step \| OOM ETA \d",)),
-    ("README.md", 'pip install "memexporter[nvml]"     # NVIDIA; [amdsmi] on AMD; plain memexporter on Intel, Apple or CPU'): Elsewhere(
-        "installs from PyPI", "test_pip_lines_name_extras_the_package_has (here) and tests/integration/test_package.py"),
+        edits=(("--step-interval 0.2", "--step-interval 0.2 --steps 60 --warmup-steps 5 --port {port}"),),
+        env=QUICK_LEAK,
+        expect=(r"leak [1-9][0-9.]* MiB/step \| OOM ETA \d",),
+    ),
+    (
+        "README.md",
+        'pip install "memexporter[nvml]"     # NVIDIA; [amdsmi] on AMD; plain memexporter on Intel, Apple or CPU',
+    ): Elsewhere(
+        "installs from PyPI", "test_pip_lines_name_extras_the_package_has (here) and tests/integration/test_package.py"
+    ),
     ("docs/dashboards.md", "# data source: edit the URL to where Grafana reaches Prometheus"): Run(
-        "Grafana's folders under a temporary root", setup="mkdir -p {root}/etc/grafana/provisioning/datasources "
-        "{root}/etc/grafana/provisioning/dashboards", check=grafana_files_in_place),
+        "Grafana's folders under a temporary root",
+        setup="mkdir -p {root}/etc/grafana/provisioning/datasources {root}/etc/grafana/provisioning/dashboards",
+        check=grafana_files_in_place,
+    ),
     ("docs/dashboards.md", "docker run -p 3000:3000 \\"): Elsewhere(
-        "no container engine in CI", "tests/integration/test_compose.py::test_grafana_provisioning_reaches_the_dashboards_and_prometheus"),
+        "no container engine in CI",
+        "tests/integration/test_compose.py::test_grafana_provisioning_reaches_the_dashboards_and_prometheus",
+    ),
     ("docs/dashboards.md", "python -m memexporter.dashboards          # writes grafana/dashboards/*.json"): Run(
         "written to a temporary folder (other tests read the checkout's), then compared with the committed files",
-        edits=(("python -m memexporter.dashboards          #", "python -m memexporter.dashboards --out {tmp}/dashboards  #"),),
-        check=dashboards_match_the_committed_ones),
+        edits=(
+            (
+                "python -m memexporter.dashboards          #",
+                "python -m memexporter.dashboards --out {tmp}/dashboards  #",
+            ),
+        ),
+        check=dashboards_match_the_committed_ones,
+    ),
     ("docs/debugging.md", "MEMEXPORTER_DEBUG=1 MEMEXPORTER_OOM_DUMP_DIR=/scratch/$USER/oom torchrun ... train.py"): Run(
-        "the dump folder temporary; the demo, 20 steps, as train.py", timeout=300,
-        edits=(("/scratch/$USER/oom", "{tmp}/oom"),
-               ("torchrun ... train.py", "torchrun --standalone --nproc-per-node=1 -m memexporter demo --steps 20 --port {port}")),
-        expect=(r"memexporter demo: training",), check=oom_dump_dir_made),
+        "the dump folder temporary; the demo, 20 steps, as train.py",
+        timeout=300,
+        edits=(
+            ("/scratch/$USER/oom", "{tmp}/oom"),
+            (
+                "torchrun ... train.py",
+                "torchrun --standalone --nproc-per-node=1 -m memexporter demo --steps 20 --port {port}",
+            ),
+        ),
+        expect=(r"memexporter demo: training",),
+        check=oom_dump_dir_made,
+    ),
     ("docs/deploy.md", "cd deploy/compose && docker compose up --build"): Elsewhere(
-        "no container engine in CI", "tests/integration/test_compose.py"),
+        "no container engine in CI", "tests/integration/test_compose.py"
+    ),
     ("docs/deploy.md", "docker compose logs -f webhook"): Elsewhere(
-        "no container engine in CI", "tests/integration/test_compose.py::test_shipped_routing_pages_through_the_webhook_receiver"),
-    ("docs/deploy.md", "docker build -t memexporter .                   # python:3.11-slim + torch's CPU build"): Elsewhere(
-        "no container engine or registry in CI", "tests/integration/test_image.py (builds with podman where installed)"),
-    ("docs/deploy.md", "kubectl apply -k deploy/kubernetes      # PrometheusRule + dashboard ConfigMaps + PodMonitor, namespace monitoring"): Elsewhere(
-        "no cluster in CI", "tests/integration/test_kubernetes.py (kubectl kustomize, promtool) and tests/unit/test_kube.py (the CRD schema)"),
+        "no container engine in CI",
+        "tests/integration/test_compose.py::test_shipped_routing_pages_through_the_webhook_receiver",
+    ),
+    (
+        "docs/deploy.md",
+        "docker build -t memexporter .                   # python:3.11-slim + torch's CPU build",
+    ): Elsewhere(
+        "no container engine or registry in CI", "tests/integration/test_image.py (builds with podman where installed)"
+    ),
+    (
+        "docs/deploy.md",
+        "kubectl apply -k deploy/kubernetes      # PrometheusRule + dashboard ConfigMaps + PodMonitor, namespace monitoring",
+    ): Elsewhere(
+        "no cluster in CI",
+        "tests/integration/test_kubernetes.py (kubectl kustomize, promtool) and tests/unit/test_kube.py (the CRD schema)",
+    ),
     ("docs/deploy.md", "memexporter rules --format prometheusrule --namespace monitoring --label release=kps \\"): Run(
-        "in a temporary folder", cwd="tmp", expect=(r"wrote 3 dashboards? to .*/var/lib/grafana/dashboards/memexporter",),
-        check=kubernetes_renderings),
-    ("docs/deploy.md", "pip install memexporter            # or: pip install \".[nvml]\" from a checkout; torch >= 2.1 must be there"): Elsewhere(
+        "in a temporary folder",
+        cwd="tmp",
+        expect=(r"wrote 3 dashboards? to .*/var/lib/grafana/dashboards/memexporter",),
+        check=kubernetes_renderings,
+    ),
+    (
+        "docs/deploy.md",
+        'pip install memexporter            # or: pip install ".[nvml]" from a checkout; torch >= 2.1 must be there',
+    ): Elsewhere(
         "installs from PyPI; the build and twine check take a minute and run once",
-        "tests/integration/test_package.py (python -m build, twine check --strict, the wheel installed)"),
-    ("docs/otel.md", "pip install 'memexporter[otel]'        # the SDK and the OTLP/HTTP exporter; 'memexporter[otel-grpc]' adds gRPC"): Run(
+        "tests/integration/test_package.py (python -m build, twine check --strict, the wheel installed)",
+    ),
+    (
+        "docs/otel.md",
+        "pip install 'memexporter[otel]'        # the SDK and the OTLP/HTTP exporter; 'memexporter[otel-grpc]' adds gRPC",
+    ): Run(
         "a local OTLP receiver for the collector, a push every 0.5 s, a 30-step train.py",
-        edits=(("http://otel-collector:4318", "{otlp}"), ("OTEL_METRIC_EXPORT_INTERVAL=15000", "OTEL_METRIC_EXPORT_INTERVAL=500"),
-               ("memexporter run train.py", "memexporter run {tmp}/train.py")),
-        setup=f"cat > {{tmp}}/train.py <<'EOF'\n{TRAIN}EOF", otlp=True),
+        edits=(
+            ("http://otel-collector:4318", "{otlp}"),
+            ("OTEL_METRIC_EXPORT_INTERVAL=15000", "OTEL_METRIC_EXPORT_INTERVAL=500"),
+            ("memexporter run train.py", "memexporter run {tmp}/train.py"),
+        ),
+        setup=f"cat > {{tmp}}/train.py <<'EOF'\n{TRAIN}EOF",
+        otlp=True,
+    ),
     ("docs/scaling.md", "promtool check config --agent deploy/victoriametrics/prometheus-agent.yml"): Run(
-        "the agent runs 10 s on a free port, then stops", expect=(r"SUCCESS", r"Server is ready to receive web requests"),
-        edits=(("prometheus --enable-feature=agent", "timeout -s INT 10 prometheus --web.listen-address=127.0.0.1:{port} "
-                "--enable-feature=agent"),
-               ("--storage.agent.path=/var/lib/prometheus/agent\n", "--storage.agent.path=/var/lib/prometheus/agent || test $? = 124\n"))),
+        "the agent runs 10 s on a free port, then stops",
+        expect=(r"SUCCESS", r"Server is ready to receive web requests"),
+        edits=(
+            (
+                "prometheus --enable-feature=agent",
+                "timeout -s INT 10 prometheus --web.listen-address=127.0.0.1:{port} --enable-feature=agent",
+            ),
+            (
+                "--storage.agent.path=/var/lib/prometheus/agent\n",
+                "--storage.agent.path=/var/lib/prometheus/agent || test $? = 124\n",
+            ),
+        ),
+    ),
     ("docs/scaling.md", "vmalert -dryRun -rule=alerts/memexporter.rules.yml"): Run(
         "installed under a temporary root; no systemd in CI (the unit: tests/integration/test_victoriametrics_setup.py)",
         setup="mkdir -p {root}/etc/default {root}/etc/systemd/system",
-        edits=(("sudo systemctl daemon-reload && sudo systemctl enable --now vmalert", "true"),), check=vmalert_installed),
-    ("docs/scaling.md", '{ echo "namespace: memexporter"; cat alerts/memexporter.rules.yml; } > memexporter.mimir.yml'): Elsewhere(
-        "mimirtool is packaged by neither Debian nor PyPI, and there is no Mimir", "tests/integration/test_promtool.py (the same rules)"),
+        edits=(("sudo systemctl daemon-reload && sudo systemctl enable --now vmalert", "true"),),
+        check=vmalert_installed,
+    ),
+    (
+        "docs/scaling.md",
+        '{ echo "namespace: memexporter"; cat alerts/memexporter.rules.yml; } > memexporter.mimir.yml',
+    ): Elsewhere(
+        "mimirtool is packaged by neither Debian nor PyPI, and there is no Mimir",
+        "tests/integration/test_promtool.py (the same rules)",
+    ),
     ("docs/sweep.md", "pip install 'memexporter[plot]'   # matplotlib, for --plot"): Run(
-        "two small runs of 3 steps (the page's sweep takes 12 minutes), the outputs in a temporary folder", timeout=360,
-        edits=(("--grid batch=8,16,32,64,128 --grid seq=64,128", "--grid batch=8,16 --grid seq=64 --steps 3"),
-               ("--json sweep.json --csv sweep.csv --plot docs/sweep-demo.png", "--json {tmp}/sweep.json --csv {tmp}/sweep.csv "
-                "--plot {tmp}/sweep.png")),
-        expect=(r"#\s+batch\s+seq\s+peak\s+baseline\s+params\s+grads\s+optim\s+activ\s+step\s+headroom\s+result",
-                r"largest that fits, measured:\s+batch=16 seq=64"), check=sweep_outputs),
+        "two small runs of 3 steps (the page's sweep takes 12 minutes), the outputs in a temporary folder",
+        timeout=360,
+        edits=(
+            ("--grid batch=8,16,32,64,128 --grid seq=64,128", "--grid batch=8,16 --grid seq=64 --steps 3"),
+            (
+                "--json sweep.json --csv sweep.csv --plot docs/sweep-demo.png",
+                "--json {tmp}/sweep.json --csv {tmp}/sweep.csv --plot {tmp}/sweep.png",
+            ),
+        ),
+        expect=(
+            r"#\s+batch\s+seq\s+peak\s+baseline\s+params\s+grads\s+optim\s+activ\s+step\s+headroom\s+result",
+            r"largest that fits, measured:\s+batch=16 seq=64",
+        ),
+        check=sweep_outputs,
+    ),
 }
 
 
@@ -245,8 +338,12 @@ def test_the_block_runs_and_prints_what_the_text_says(key: tuple[str, str], tmp_
 
         receiver = OtlpHttpReceiver().__enter__()
     try:
-        fill = {"{port}": str(free_port()), "{tmp}": str(tmp_path), "{root}": str(tmp_path / "root"),
-                "{otlp}": receiver.endpoint if receiver else ""}
+        fill = {
+            "{port}": str(free_port()),
+            "{tmp}": str(tmp_path),
+            "{root}": str(tmp_path / "root"),
+            "{otlp}": receiver.endpoint if receiver else "",
+        }
         script = f"set -euo pipefail\ncd {REPO_ROOT if plan.cwd == 'repo' else tmp_path}\n{plan.setup}\n{adjust(text)}"
         for token, value in fill.items():
             script = script.replace(token, value)
@@ -255,8 +352,13 @@ def test_the_block_runs_and_prints_what_the_text_says(key: tuple[str, str], tmp_
         env.pop("MEMEXPORTER_STRICT")  # the commands as a user runs them
         env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env["PATH"]))
         with (tmp_path / "out.log").open("wb") as log:
-            proc = subprocess.Popen(["bash", str(tmp_path / "block.sh")], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                ["bash", str(tmp_path / "block.sh")],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
             try:
                 rc = proc.wait(timeout=plan.timeout)
             finally:

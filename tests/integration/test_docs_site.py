@@ -22,14 +22,21 @@ ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's notice abo
 
 def build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (the [dev] extra has it)")
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "--site-dir", str(site)],
-                          capture_output=True, text=True, timeout=300, env=ENV, check=False, cwd=REPO_ROOT)  # snippets: from the root
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "--site-dir", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        check=False,
+        cwd=REPO_ROOT,
+    )  # snippets: from the root
 
 
 def nav_pages(nav: list[object]) -> list[str]:
     pages: list[str] = []
     for item in nav:
-        for value in (item.values() if isinstance(item, dict) else [item]):
+        for value in item.values() if isinstance(item, dict) else [item]:
             pages += nav_pages(value) if isinstance(value, list) else [str(value)]
     return pages
 
@@ -46,10 +53,13 @@ def test_the_site_builds_strict_with_every_page(tmp_path: Path) -> None:
         assert built.is_file(), page
 
 
-@pytest.mark.parametrize(("change", "said"), [
-    ("[a page that is not there](nowhere.md)", "nowhere.md"),
-    ("[an anchor that is not there](sweep.md#no-such-section)", "no-such-section"),
-])
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ("[a page that is not there](nowhere.md)", "nowhere.md"),
+        ("[an anchor that is not there](sweep.md#no-such-section)", "no-such-section"),
+    ],
+)
 def test_a_broken_link_fails_the_build(tmp_path: Path, change: str, said: str) -> None:
     shutil.copytree(REPO_ROOT / "docs", tmp_path / "docs")
     shutil.copy(REPO_ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")

@@ -27,8 +27,13 @@ def _load(name: str) -> Any:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_promtool_check_config(name: str) -> None:
-    result = subprocess.run([require("promtool"), "check", "config", str(EXAMPLES / name)],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [require("promtool"), "check", "config", str(EXAMPLES / name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
@@ -60,8 +65,10 @@ def test_real_prometheus_discovers_the_example_targets() -> None:
         deadline = time.monotonic() + 30
         while len(targets := prom.targets()) < 16 and time.monotonic() < deadline:  # discovery is asynchronous
             time.sleep(0.5)
-        by_job = {job: sorted(t["labels"]["instance"] for t in targets if t["labels"]["job"] == job)
-                  for job in ("static", "file_sd")}
+        by_job = {
+            job: sorted(t["labels"]["instance"] for t in targets if t["labels"]["job"] == job)
+            for job in ("static", "file_sd")
+        }
         assert by_job["static"] == by_job["file_sd"] == sorted(f"node{n}:{9400 + r}" for n in (1, 2) for r in range(4))
         assert {t["labels"]["run_id"] for t in targets} == {"exp42"}
 
@@ -104,18 +111,31 @@ def test_real_prometheus_applies_the_podmonitor_relabelings() -> None:
     monitor = _load("podmonitor.yaml")
     configs = []
     for i, endpoint in enumerate(monitor["spec"]["podMetricsEndpoints"][:2]):
-        groups = [{"targets": [f"10.0.{n}.1:{9400 + i}"],
-                   "labels": {"__meta_kubernetes_namespace": "ml",
-                              "__meta_kubernetes_pod_label_job_name": run,
-                              "__meta_kubernetes_pod_container_port_name": endpoint["port"]}}
-                  for n, run in enumerate(("train-exp42", "sweep-17"))]
-        configs.append({"job_name": f"podmonitor-{i}", "static_configs": groups}
-                       | _podmonitor_as_scrape_config(endpoint))
+        groups = [
+            {
+                "targets": [f"10.0.{n}.1:{9400 + i}"],
+                "labels": {
+                    "__meta_kubernetes_namespace": "ml",
+                    "__meta_kubernetes_pod_label_job_name": run,
+                    "__meta_kubernetes_pod_container_port_name": endpoint["port"],
+                },
+            }
+            for n, run in enumerate(("train-exp42", "sweep-17"))
+        ]
+        configs.append(
+            {"job_name": f"podmonitor-{i}", "static_configs": groups} | _podmonitor_as_scrape_config(endpoint)
+        )
     with running_prometheus([], extra_scrape_configs=configs, scrape_interval="5s") as prom:
         deadline = time.monotonic() + 30
         while len(targets := prom.targets()) < 4 and time.monotonic() < deadline:
             time.sleep(0.5)
-        got = sorted((t["labels"]["instance"], t["labels"]["job"], t["labels"]["run_id"], t["labels"]["local_rank"])
-                     for t in targets)
-    assert got == [("10.0.0.1:9400", "memexporter", "train-exp42", "0"), ("10.0.0.1:9401", "memexporter", "train-exp42", "1"),
-                   ("10.0.1.1:9400", "memexporter", "sweep-17", "0"), ("10.0.1.1:9401", "memexporter", "sweep-17", "1")]
+        got = sorted(
+            (t["labels"]["instance"], t["labels"]["job"], t["labels"]["run_id"], t["labels"]["local_rank"])
+            for t in targets
+        )
+    assert got == [
+        ("10.0.0.1:9400", "memexporter", "train-exp42", "0"),
+        ("10.0.0.1:9401", "memexporter", "train-exp42", "1"),
+        ("10.0.1.1:9400", "memexporter", "sweep-17", "0"),
+        ("10.0.1.1:9401", "memexporter", "sweep-17", "1"),
+    ]

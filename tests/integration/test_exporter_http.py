@@ -82,8 +82,15 @@ def test_post_is_rejected_and_serving_continues() -> None:
     assert get(base(exp) + "/metrics")[0] == 200
 
 
-@pytest.mark.parametrize("garbage", [b"\x00\xff\xfe garbage\r\n\r\n", b"GET /metrics HTTP/9.9\r\n\r\n",
-                                     b"GET /metrics HTTP/x.y\r\n\r\n", b"a b c d e\r\n\r\n"])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00\xff\xfe garbage\r\n\r\n",
+        b"GET /metrics HTTP/9.9\r\n\r\n",
+        b"GET /metrics HTTP/x.y\r\n\r\n",
+        b"a b c d e\r\n\r\n",
+    ],
+)
 def test_garbage_on_the_socket_gets_4xx_and_serving_continues(garbage: bytes) -> None:
     exp = memexporter.start(port=0, addr="127.0.0.1")
     with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as s:
@@ -127,8 +134,15 @@ def test_taken_port_logs_loudly_and_training_goes_on(caplog: pytest.LogCaptureFi
         assert info.value.errno == errno.EADDRINUSE
 
 
-@pytest.mark.parametrize(("kwargs", "error"), [({"port": "abc"}, ValueError), ({"port": -1}, ValueError),
-                                               ({"port": 70000}, ValueError), ({"port": [1]}, TypeError)])
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"port": "abc"}, ValueError),
+        ({"port": -1}, ValueError),
+        ({"port": 70000}, ValueError),
+        ({"port": [1]}, TypeError),
+    ],
+)
 def test_bad_arguments_raise_before_anything_starts(kwargs: dict[str, object], error: type) -> None:
     threads, ports = threading.active_count(), _listening_ports()
     with pytest.raises(error, match="port"):
@@ -269,8 +283,14 @@ def test_forked_child_serves_counts_and_hooks_nothing(monkeypatch: pytest.Monkey
 
     in_child, after_stop = run_forked(at_fork, stop_in_parent, afterwards)
     assert in_child == {
-        "stop() returned": True, "start() port": None, "running()": False, "threads": 1, "listening ports": [],
-        "series collected": 0, "steps counted": 0, "module figures republished": False,
+        "stop() returned": True,
+        "start() port": None,
+        "running()": False,
+        "threads": 1,
+        "listening ports": [],
+        "series collected": 0,
+        "steps counted": 0,
+        "module figures republished": False,
     }
     assert after_stop == {"listening ports": [], "port free": True}
     again = memexporter.start(port=port, addr="127.0.0.1", strict=True)  # the parent can bind it again
@@ -316,7 +336,9 @@ print(torch.cuda.is_initialized(), attempts)
 
 
 def test_import_start_track_and_scrape_create_no_cuda_context() -> None:
-    out = subprocess.run([sys.executable, "-c", NO_CUDA_CONTEXT], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", NO_CUDA_CONTEXT], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == "False []", out.stdout + out.stderr
 
 
@@ -369,8 +391,11 @@ def test_absolute_form_request_target_is_served_as_its_path() -> None:
     # RFC 9112 3.2.2: a server must accept "GET http://host:port/path"; before, a 404.
     exp = memexporter.start(port=0, addr="127.0.0.1")
     assert exp.port is not None
-    status, _, body = raw(exp.port, f"GET http://127.0.0.1:{exp.port}/metrics HTTP/1.1\r\n"
-                                    f"Host: 127.0.0.1:{exp.port}\r\nConnection: close\r\n\r\n".encode())
+    status, _, body = raw(
+        exp.port,
+        f"GET http://127.0.0.1:{exp.port}/metrics HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{exp.port}\r\nConnection: close\r\n\r\n".encode(),
+    )
     assert status == 200 and b'memexporter_memory_used_bytes{device="cpu",rank="0"}' in body
     status, _, body = raw(exp.port, b"GET HTTP://Trainer-0:9400/healthz?x=1 HTTP/1.0\r\n\r\n")
     assert (status, body) == (200, b"ok\n")
@@ -386,8 +411,10 @@ def test_name_filter_returns_only_the_named_samples(accept: str) -> None:
     for _ in range(3):
         model(torch.randn(2, 4)).sum().backward()
         opt.step()
-    status, _, body = get(base(exp) + "/metrics?name[]=memexporter_steps_total&name%5B%5D=memexporter_build_info",
-                          {"Accept": accept} if accept else None)
+    status, _, body = get(
+        base(exp) + "/metrics?name[]=memexporter_steps_total&name%5B%5D=memexporter_build_info",
+        {"Accept": accept} if accept else None,
+    )
     assert status == 200
     samples = [line for line in body.splitlines() if line and not line.startswith("#")]
     assert sorted(line.split("{")[0] for line in samples) == ["memexporter_build_info", "memexporter_steps_total"]
@@ -422,10 +449,13 @@ def test_start_with_model_on_a_running_exporter_tracks_it() -> None:
     assert handle not in active_handles(), "stop() left the model tracked"
 
 
-@pytest.mark.parametrize(("env", "match"), [({"LOCAL_RANK": "abc"}, "LOCAL_RANK"), ({"LOCAL_RANK": "-1"}, "LOCAL_RANK"),
-                                            ({"LOCAL_RANK": "7"}, "65535")])
-def test_bad_local_rank_or_port_overflow_is_a_clear_error(env: dict[str, str], match: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [({"LOCAL_RANK": "abc"}, "LOCAL_RANK"), ({"LOCAL_RANK": "-1"}, "LOCAL_RANK"), ({"LOCAL_RANK": "7"}, "65535")],
+)
+def test_bad_local_rank_or_port_overflow_is_a_clear_error(
+    env: dict[str, str], match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(ValueError, match=match):
@@ -437,4 +467,3 @@ def test_port_zero_under_torchrun_is_a_free_port_for_every_rank(monkeypatch: pyt
     exp = memexporter.start(port=0, addr="127.0.0.1")
     assert exp.port is not None and exp.port > 1024
     assert get(base(exp) + "/metrics")[0] == 200
-

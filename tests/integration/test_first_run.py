@@ -24,20 +24,33 @@ from tests.support.ports import bindable, free_port
 pytestmark = pytest.mark.integration
 
 
-def memexporter(*args: str, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memexporter", *args], capture_output=True, text=True, timeout=120,
-                          env=module_env(env), cwd=cwd, check=False)
+def memexporter(
+    *args: str, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "memexporter", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=module_env(env),
+        cwd=cwd,
+        check=False,
+    )
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["nonexistent.py"], "memexporter run: no such script: 'nonexistent.py'"),
-    (["-m", "no_such_module"], "memexporter run: no module named 'no_such_module'"),
-    (["-m", "no_such_package.train"], "memexporter run: no module named 'no_such_package.train'"),
-    (["."], "memexporter run: '.' is a directory without a __main__.py"),
-    (["--strict", "yes", "train.py"], "boolean options take no value: --strict or --no-strict"),
-])
-def test_run_a_missing_target_fails_in_one_line_before_starting_anything(args: list[str], message: str,
-                                                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nonexistent.py"], "memexporter run: no such script: 'nonexistent.py'"),
+        (["-m", "no_such_module"], "memexporter run: no module named 'no_such_module'"),
+        (["-m", "no_such_package.train"], "memexporter run: no module named 'no_such_package.train'"),
+        (["."], "memexporter run: '.' is a directory without a __main__.py"),
+        (["--strict", "yes", "train.py"], "boolean options take no value: --strict or --no-strict"),
+    ],
+)
+def test_run_a_missing_target_fails_in_one_line_before_starting_anything(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
     port = free_port()
     out = memexporter("run", "--port", str(port), "--addr", "127.0.0.1", *args, cwd=tmp_path)
     assert out.returncode == 2
@@ -78,13 +91,20 @@ def test_no_strict_overrides_the_environment(tmp_path: Path) -> None:
     assert "already in use" in out.stderr and "--port" in out.stderr and "start(port=" not in out.stderr, out.stderr
 
 
-@pytest.mark.parametrize(("env", "taken", "message"), [
-    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "MEMEXPORTER_OTEL": "1"}, False,
-     "OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not an OTLP protocol"),
-    ({}, True, "is already in use; it comes from --port"),
-])
-def test_strict_start_failures_are_one_line_and_the_script_does_not_run(env: dict[str, str], taken: bool, message: str,
-                                                                       tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("env", "taken", "message"),
+    [
+        (
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "MEMEXPORTER_OTEL": "1"},
+            False,
+            "OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not an OTLP protocol",
+        ),
+        ({}, True, "is already in use; it comes from --port"),
+    ],
+)
+def test_strict_start_failures_are_one_line_and_the_script_does_not_run(
+    env: dict[str, str], taken: bool, message: str, tmp_path: Path
+) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('should not run')")
     with socket.socket() as holder:
@@ -94,8 +114,9 @@ def test_strict_start_failures_are_one_line_and_the_script_does_not_run(env: dic
         port = holder.getsockname()[1]
         if not taken:
             holder.close()
-        out = memexporter("run", "--strict", "--port", str(port), "--addr", "127.0.0.1", str(script), cwd=tmp_path,
-                          env=env)
+        out = memexporter(
+            "run", "--strict", "--port", str(port), "--addr", "127.0.0.1", str(script), cwd=tmp_path, env=env
+        )
     assert out.returncode == 1 and "should not run" not in out.stdout
     assert "Traceback" not in out.stderr and "[Errno" not in out.stderr, out.stderr
     last = out.stderr.strip().splitlines()[-1]
@@ -112,18 +133,21 @@ def _logger_restored() -> Iterator[None]:
     logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--steps", "-5"], "argument --steps: must be an integer >= 0, got '-5'"),
-    (["--batch", "0"], "argument --batch-size/--batch: must be an integer >= 1, got '0'"),
-    (["--step-interval", "-1"], "argument --step-interval: must be a finite number >= 0, got '-1'"),
-    (["--leak-mib-per-step", "inf"], "argument --leak-mib-per-step: must be a finite number >= 0, got 'inf'"),
-    (["--memory-limit-mib", "0"], "argument --memory-limit-mib: must be an integer >= 1, got '0'"),
-    (["--rank-extra-mib", "1-512"], "argument --rank-extra-mib: must look like RANK:MIB"),
-    (["--port", "70000"], "argument --port: must be an integer 0-65535, got '70000'"),
-    (["--eval-every", "-1"], "argument --eval-every: must be an integer >= 0, got '-1'"),
-    (["--d-model", "130"], "--d-model must be a multiple of 4"),
-    (["--addr", "not-an-ip"], "addr must be an IP address"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "-5"], "argument --steps: must be an integer >= 0, got '-5'"),
+        (["--batch", "0"], "argument --batch-size/--batch: must be an integer >= 1, got '0'"),
+        (["--step-interval", "-1"], "argument --step-interval: must be a finite number >= 0, got '-1'"),
+        (["--leak-mib-per-step", "inf"], "argument --leak-mib-per-step: must be a finite number >= 0, got 'inf'"),
+        (["--memory-limit-mib", "0"], "argument --memory-limit-mib: must be an integer >= 1, got '0'"),
+        (["--rank-extra-mib", "1-512"], "argument --rank-extra-mib: must look like RANK:MIB"),
+        (["--port", "70000"], "argument --port: must be an integer 0-65535, got '70000'"),
+        (["--eval-every", "-1"], "argument --eval-every: must be an integer >= 0, got '-1'"),
+        (["--d-model", "130"], "--d-model must be a multiple of 4"),
+        (["--addr", "not-an-ip"], "addr must be an IP address"),
+    ],
+)
 @pytest.mark.usefixtures("_logger_restored")
 def test_demo_rejects_bad_values(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     # In this process (torch is imported already): the command's own main(), as the console script calls it.
@@ -140,8 +164,14 @@ def test_demo_rejects_bad_values(args: list[str], message: str, capsys: pytest.C
 def test_demo_sh_help_without_an_environment_does_no_set_up(tmp_path: Path) -> None:
     venv = tmp_path / "no-venv-yet"
     t0 = time.monotonic()
-    out = subprocess.run([str(REPO_ROOT / "scripts" / "demo.sh"), "--help"], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "MEMEXPORTER_VENV": str(venv)}, check=False)
+    out = subprocess.run(
+        [str(REPO_ROOT / "scripts" / "demo.sh"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "MEMEXPORTER_VENV": str(venv)},
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert "usage: scripts/demo.sh" in out.stdout and "--leak-mib-per-step" in out.stdout
     assert not venv.exists(), "--help created a virtual environment"
@@ -151,8 +181,14 @@ def test_demo_sh_help_without_an_environment_does_no_set_up(tmp_path: Path) -> N
 
 def test_demo_sh_help_with_an_environment_lists_the_demo_options() -> None:
     venv = Path(sys.executable).parents[1]
-    out = subprocess.run([str(REPO_ROOT / "scripts" / "demo.sh"), "--help"], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "MEMEXPORTER_VENV": str(venv)}, check=False)
+    out = subprocess.run(
+        [str(REPO_ROOT / "scripts" / "demo.sh"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MEMEXPORTER_VENV": str(venv)},
+        check=False,
+    )
     assert out.returncode == 0 and "usage: memexporter demo" in out.stdout, out.stderr
     assert "[setup]" not in out.stdout + out.stderr
 
@@ -163,8 +199,14 @@ def test_setup_second_run_only_checks() -> None:
     if not stamp.is_file() or shutil.which("sha256sum") is None:
         pytest.skip(f"{venv} was not made by scripts/setup.sh (no {stamp.name}); running it would install")
     before = stamp.stat().st_mtime
-    out = subprocess.run([str(REPO_ROOT / "scripts" / "setup.sh")], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "MEMEXPORTER_VENV": str(venv)}, check=False)
+    out = subprocess.run(
+        [str(REPO_ROOT / "scripts" / "setup.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MEMEXPORTER_VENV": str(venv)},
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "already installed (pyproject.toml unchanged)" in out.stdout, out.stdout
     assert "installing" not in out.stdout, out.stdout
@@ -177,11 +219,19 @@ def test_a_first_setup_says_nothing_on_stderr(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     fake = venv / "bin" / "python"
-    fake.write_text('#!/bin/sh\necho "$@ | PYTHONWARNINGS=$PYTHONWARNINGS" >> "$(dirname "$0")/../calls"\nexit 0\n',
-                    encoding="utf-8")
+    fake.write_text(
+        '#!/bin/sh\necho "$@ | PYTHONWARNINGS=$PYTHONWARNINGS" >> "$(dirname "$0")/../calls"\nexit 0\n',
+        encoding="utf-8",
+    )
     fake.chmod(0o755)
-    out = subprocess.run([str(REPO_ROOT / "scripts" / "setup.sh")], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "MEMEXPORTER_VENV": str(venv)}, check=False)
+    out = subprocess.run(
+        [str(REPO_ROOT / "scripts" / "setup.sh")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MEMEXPORTER_VENV": str(venv)},
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stderr == "", out.stderr
     editable = [c for c in (venv / "calls").read_text(encoding="utf-8").splitlines() if "-m pip install -q -e ." in c]

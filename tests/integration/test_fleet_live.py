@@ -17,8 +17,13 @@ pytestmark = pytest.mark.usefixtures("no_exporter")
 
 def _serve(monkeypatch: pytest.MonkeyPatch, rank: int) -> dict[str, list[dict[str, str]]]:
     """Start as rank ``rank`` of 1,024 (8 per node), train a tracked model a step, scrape once."""
-    for name, value in {"WORLD_SIZE": "1024", "LOCAL_WORLD_SIZE": "8", "RANK": str(rank), "LOCAL_RANK": "0",
-                        "TORCHELASTIC_RUN_ID": "pretrain-0412"}.items():
+    for name, value in {
+        "WORLD_SIZE": "1024",
+        "LOCAL_WORLD_SIZE": "8",
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "TORCHELASTIC_RUN_ID": "pretrain-0412",
+    }.items():
         monkeypatch.setenv(name, value)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -36,7 +41,8 @@ def _serve(monkeypatch: pytest.MonkeyPatch, rank: int) -> dict[str, list[dict[st
 def test_a_core_rank_serves_its_run_and_no_module_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     served = _serve(monkeypatch, rank=9)
     assert served["memexporter_run_info"] == [
-        {"rank": "9", "run_id": "pretrain-0412", "run_id_source": "torchelastic", "detail": "core"}]
+        {"rank": "9", "run_id": "pretrain-0412", "run_id_source": "torchelastic", "detail": "core"}
+    ]
     assert not [n for n in served if n.startswith("memexporter_module_")]
     assert "memexporter_collector_duration_seconds" not in served
     assert {s["phase"] for s in served.get("memexporter_phase_peak_bytes", [])} <= {"eval"}

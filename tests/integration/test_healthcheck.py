@@ -24,8 +24,14 @@ def _stopped() -> Iterator[None]:
 
 def _probe(port: int, addr: str = "0.0.0.0") -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "MEMEXPORTER_PORT": str(port), "MEMEXPORTER_ADDR": addr}
-    return subprocess.run([sys.executable, "-m", "memexporter.healthcheck"], env=env, capture_output=True,
-                          text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "memexporter.healthcheck"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_healthy_while_serving_then_unhealthy_with_the_reason() -> None:
@@ -44,9 +50,20 @@ def test_a_server_that_is_not_memexporter_is_unhealthy() -> None:
     """Something else on the port (prometheus_client's own server has no /healthz: 200 on every
     path, so use a plain HTTP server that 404s) does not pass for the exporter."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                               "--directory", "/nonexistent-memexporter-test"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            "/nonexistent-memexporter-test",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(100):
             result = _probe(port, "127.0.0.1")
@@ -59,11 +76,14 @@ def test_a_server_that_is_not_memexporter_is_unhealthy() -> None:
         server.wait(timeout=10)
 
 
-@pytest.mark.parametrize(("env", "url"), [
-    ({}, "http://127.0.0.1:9400/healthz"),
-    ({"MEMEXPORTER_PORT": "9500", "MEMEXPORTER_ADDR": "::"}, "http://[::1]:9500/healthz"),
-    ({"MEMEXPORTER_ADDR": "10.1.2.3"}, "http://10.1.2.3:9400/healthz"),
-])
+@pytest.mark.parametrize(
+    ("env", "url"),
+    [
+        ({}, "http://127.0.0.1:9400/healthz"),
+        ({"MEMEXPORTER_PORT": "9500", "MEMEXPORTER_ADDR": "::"}, "http://[::1]:9500/healthz"),
+        ({"MEMEXPORTER_ADDR": "10.1.2.3"}, "http://10.1.2.3:9400/healthz"),
+    ],
+)
 def test_url_follows_the_exporter_settings(env: dict[str, str], url: str) -> None:
     assert healthcheck.url(env) == url
 
@@ -76,14 +96,23 @@ def test_url_uses_tls_when_the_exporter_does(tmp_path: Path) -> None:
     assert healthcheck.url(env) == "https://127.0.0.1:9400/healthz"
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    ({"MEMEXPORTER_PORT": "0"}, "picks a random port"),
-    ({"MEMEXPORTER_PORT": "http"}, "MEMEXPORTER_PORT must be an integer, got 'http'"),
-])
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MEMEXPORTER_PORT": "0"}, "picks a random port"),
+        ({"MEMEXPORTER_PORT": "http"}, "MEMEXPORTER_PORT must be an integer, got 'http'"),
+    ],
+)
 def test_bad_settings_exit_2_naming_the_value(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         healthcheck.url(env)
-    result = subprocess.run([sys.executable, "-m", "memexporter.healthcheck"], env={"PATH": "/usr/bin:/bin", **env},
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "memexporter.healthcheck"],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2
     assert message in result.stderr

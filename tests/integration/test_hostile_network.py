@@ -42,8 +42,10 @@ def scrape(port: int, timeout: float = 10.0) -> str:
 
 
 def dropped(body: str) -> dict[str, float]:
-    return {m[0]: float(m[1]) for m in re.findall(
-        r'memexporter_http_dropped_connections_total\{rank="0",reason="(\w+)"\} (\S+)', body)}
+    return {
+        m[0]: float(m[1])
+        for m in re.findall(r'memexporter_http_dropped_connections_total\{rank="0",reason="(\w+)"\} (\S+)', body)
+    }
 
 
 def server_threads() -> int:
@@ -88,7 +90,8 @@ def test_with_a_low_file_limit_trickling_clients_never_take_the_jobs_descriptors
     # opening one more each step, 300 trickling clients. Before, they took every descriptor
     # left: the job's open() failed with EMFILE and /metrics stopped answering.
     job = tmp_path / "job.py"
-    job.write_text(textwrap.dedent("""
+    job.write_text(
+        textwrap.dedent("""
         import json, os, resource, sys, time
         import torch
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
@@ -113,10 +116,12 @@ def test_with_a_low_file_limit_trickling_clients_never_take_the_jobs_descriptors
             steps += 1
             time.sleep(0.01)
         print(json.dumps({"steps": steps, "failures": failures, "most_fds": most}), flush=True)
-    """))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(job), "14"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(job), "14"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert proc.stdout is not None
         port, base_fds = (int(x) for x in proc.stdout.readline().split())
@@ -124,8 +129,10 @@ def test_with_a_low_file_limit_trickling_clients_never_take_the_jobs_descriptors
         if len(clients) < 300:
             proc.kill()
             out, err = proc.communicate(timeout=60)
-            pytest.fail(f"the server stopped taking connections after {len(clients)}; the job exited with "
-                        f"{proc.returncode}: {out[-500:]} {err[-1500:]}")
+            pytest.fail(
+                f"the server stopped taking connections after {len(clients)}; the job exited with "
+                f"{proc.returncode}: {out[-500:]} {err[-1500:]}"
+            )
         body = scrape(port)  # still answering while the clients trickle
         out, err = proc.communicate(timeout=120)
     finally:
@@ -145,10 +152,18 @@ def test_port_scans_resets_and_idle_clients_leave_nothing_on_stderr(tmp_path: Pa
     # A connect-then-reset (a port scanner), a reset in mid-request and a connection closed
     # before its request each printed a socketserver traceback on the job's stderr before.
     child = subprocess.Popen(
-        [sys.executable, "-c", "import memexporter, sys; e = memexporter.start(port=0, addr='127.0.0.1'); "
-                               "print(e.port, flush=True); sys.stdin.read(); e.stop()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        [
+            sys.executable,
+            "-c",
+            "import memexporter, sys; e = memexporter.start(port=0, addr='127.0.0.1'); "
+            "print(e.port, flush=True); sys.stdin.read(); e.stop()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert child.stdout is not None
         port = int(child.stdout.readline())
@@ -235,8 +250,13 @@ def big(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable
 @pytest.mark.parametrize(("how", "reason"), [("reset", "write"), ("stops reading", "timeout")])
 def test_a_client_lost_while_its_answer_is_written_is_counted(how: str, reason: str) -> None:
     # Before: wsgiref swallowed the reset (and the timeout) while writing: not counted at all.
-    srv = server.serve(CollectorRegistry(), 0, "127.0.0.1", routes={"/big": server.Route(big, "16 MiB")},
-                       deadline=2.0 if how == "stops reading" else listener.DEADLINE)
+    srv = server.serve(
+        CollectorRegistry(),
+        0,
+        "127.0.0.1",
+        routes={"/big": server.Route(big, "16 MiB")},
+        deadline=2.0 if how == "stops reading" else listener.DEADLINE,
+    )
     client = socket.socket()
     try:
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -284,9 +304,13 @@ def flood(port: int, path: str, until: threading.Event, answers: Counter[bytes])
 def steps_total(port: int) -> tuple[float, float]:
     """``(seconds the scrape took, memexporter_steps_total)``, as Prometheus asks for it."""
     t0 = time.monotonic()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={
-        "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3",
-        "Accept-Encoding": "gzip"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics",
+        headers={
+            "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3",
+            "Accept-Encoding": "gzip",
+        },
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         body = r.read()
         if r.headers.get("Content-Encoding") == "gzip":
@@ -299,8 +323,13 @@ def steps_total(port: int) -> tuple[float, float]:
 @pytest.mark.parametrize("path", ["/metrics", "/healthz"])
 def test_a_request_flood_costs_the_job_at_most_the_cpu_budget_and_scrapes_stay_fresh(path: str) -> None:
     # Before: 4 threads flooding took most of a core in the job's process (x1.7 to x4.5 step time).
-    job = subprocess.Popen([sys.executable, "-c", JOB], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    job = subprocess.Popen(
+        [sys.executable, "-c", JOB],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert job.stdout is not None
         port = int(job.stdout.readline())

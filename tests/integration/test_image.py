@@ -42,8 +42,9 @@ def _hadolint() -> str:
 
 
 def _lint(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([_hadolint(), "--no-color", str(path)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        [_hadolint(), "--no-color", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_hadolint_is_clean() -> None:
@@ -61,7 +62,7 @@ def test_every_hadolint_exception_is_justified_and_needed(tmp_path: Path) -> Non
         rules = lines[i].split("=", 1)[1].split(",")
         assert all(rule in lines[i - 1] or rule in lines[i - 2] for rule in rules), f"{lines[i]} is not explained"
         stripped = tmp_path / f"Dockerfile.{i}"
-        stripped.write_text("\n".join(lines[:i] + lines[i + 1:]) + "\n", encoding="utf-8")
+        stripped.write_text("\n".join(lines[:i] + lines[i + 1 :]) + "\n", encoding="utf-8")
         reported = re.findall(r":(\d+) (DL\d+)", _lint(stripped).stdout)
         assert reported == [(str(i + 1), rule) for rule in rules]  # the instruction that followed the ignore
 
@@ -99,15 +100,20 @@ def test_dockerfile_promises() -> None:
 
 # --- real builds, with podman -------------------------------------------------------------------
 
+
 def _podman() -> list[str]:
     podman = shutil.which("podman")
     if podman is None:
-        pytest.skip("podman not installed (apt-get install podman runc): no engine to build the image with; "
-                    "the Dockerfile is covered by hadolint and the static checks above")
+        pytest.skip(
+            "podman not installed (apt-get install podman runc): no engine to build the image with; "
+            "the Dockerfile is covered by hadolint and the static checks above"
+        )
     for image in (BASE, TORCH_BASE):
         if subprocess.run([podman, "image", "exists", image], check=False).returncode != 0:
-            pytest.skip(f"base image {image} missing: build it with deploy/image/build-test-base.sh "
-                        "(no registry is reachable here to pull python:3.11-slim)")
+            pytest.skip(
+                f"base image {image} missing: build it with deploy/image/build-test-base.sh "
+                "(no registry is reachable here to pull python:3.11-slim)"
+            )
     # This machine's kernel: cgroups v1+v2 hybrid, which crun refuses (runc handles it), and no
     # CAP_SYS_RESOURCE, so podman's default ulimits (raised above the current ones) fail.
     runtime = ["--runtime", "runc"] if shutil.which("runc") else []
@@ -153,8 +159,11 @@ def test_failed_torch_install_fails_the_build() -> None:
 def test_image_builds_on_a_torch_base_and_serves_healthy() -> None:
     podman = _podman()
     with _image(podman, f"BASE={TORCH_BASE}") as tag:
-        inspect = json.loads(subprocess.run([*podman, "image", "inspect", tag], capture_output=True, text=True,
-                                            check=True, timeout=60).stdout)[0]
+        inspect = json.loads(
+            subprocess.run(
+                [*podman, "image", "inspect", tag], capture_output=True, text=True, check=True, timeout=60
+            ).stdout
+        )[0]
         config = inspect["Config"]
         assert config["User"] == "10001:10001"
         assert inspect["Healthcheck"]["Test"] == ["CMD", "python", "-m", "memexporter.healthcheck"]
@@ -167,35 +176,84 @@ def test_image_builds_on_a_torch_base_and_serves_healthy() -> None:
         assert labels["org.opencontainers.image.version"] == memexporter.__version__
 
         port, name = free_port(), f"memexporter-test-{uuid.uuid4().hex[:8]}"
-        run = [*podman, "run", "-d", "--name", name, "--network", "host", *_ULIMITS,
-               "-e", f"MEMEXPORTER_PORT={port}", "-e", "MEMEXPORTER_ADDR=127.0.0.1", tag,
-               "demo", "--device", "cpu", "--layers", "1", "--d-model", "32", "--seq-len", "16", "--batch-size", "2"]
+        run = [
+            *podman,
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            "host",
+            *_ULIMITS,
+            "-e",
+            f"MEMEXPORTER_PORT={port}",
+            "-e",
+            "MEMEXPORTER_ADDR=127.0.0.1",
+            tag,
+            "demo",
+            "--device",
+            "cpu",
+            "--layers",
+            "1",
+            "--d-model",
+            "32",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "2",
+        ]
         subprocess.run(run, capture_output=True, text=True, check=True, timeout=120)
         try:
             deadline = time.monotonic() + 120
             while not http_ok(f"http://127.0.0.1:{port}/healthz") and time.monotonic() < deadline:
                 time.sleep(1)
-            health = subprocess.run([*podman, "healthcheck", "run", name], capture_output=True, text=True,
-                                    timeout=60, check=False)
+            health = subprocess.run(
+                [*podman, "healthcheck", "run", name], capture_output=True, text=True, timeout=60, check=False
+            )
             assert health.returncode == 0, health.stdout + health.stderr
-            uid = subprocess.run([*podman, "exec", name, "id", "-u"], capture_output=True, text=True, timeout=60,
-                                 check=True).stdout.strip()
+            uid = subprocess.run(
+                [*podman, "exec", name, "id", "-u"], capture_output=True, text=True, timeout=60, check=True
+            ).stdout.strip()
             assert uid == "10001"
             started = time.monotonic()
             subprocess.run([*podman, "stop", "-t", "30", name], capture_output=True, check=True, timeout=60)
             assert time.monotonic() - started < 15, "SIGINT should stop the job well before the kill timeout"
-            state = subprocess.run([*podman, "inspect", name, "--format", "{{.State.ExitCode}}"],
-                                   capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-            logs = subprocess.run([*podman, "logs", name], capture_output=True, text=True, timeout=60,
-                                  check=False).stderr
+            state = subprocess.run(
+                [*podman, "inspect", name, "--format", "{{.State.ExitCode}}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+            ).stdout.strip()
+            logs = subprocess.run(
+                [*podman, "logs", name], capture_output=True, text=True, timeout=60, check=False
+            ).stderr
             assert state == "0", logs
             assert "memexporter demo: interrupted" in logs
         finally:
             subprocess.run([*podman, "rm", "--force", name], capture_output=True, check=False, timeout=120)
         # Nothing serves on a fresh port: the same check reports unhealthy, naming the URL.
         idle = free_port()
-        probe = subprocess.run([*podman, "run", "--rm", "--network", "host", *_ULIMITS, "-e",
-                                f"MEMEXPORTER_PORT={idle}", "--entrypoint", "python", tag, "-m",
-                                "memexporter.healthcheck"], capture_output=True, text=True, timeout=120, check=False)
+        probe = subprocess.run(
+            [
+                *podman,
+                "run",
+                "--rm",
+                "--network",
+                "host",
+                *_ULIMITS,
+                "-e",
+                f"MEMEXPORTER_PORT={idle}",
+                "--entrypoint",
+                "python",
+                tag,
+                "-m",
+                "memexporter.healthcheck",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert probe.returncode == 1
         assert f"http://127.0.0.1:{idle}/healthz is not healthy" in probe.stderr

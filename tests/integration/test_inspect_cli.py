@@ -40,8 +40,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_arou
 def inspect(url: str, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
     exp = running()
     token = exp.diagnostics.token.value if exp and exp.diagnostics and exp.diagnostics.token else None
-    args = argparse.Namespace(url=url, top=int(flags[flags.index("--top") + 1]) if "--top" in flags else 20,
-                              json="--json" in flags, timeout=10.0, token=token)
+    args = argparse.Namespace(
+        url=url,
+        top=int(flags[flags.index("--top") + 1]) if "--top" in flags else 20,
+        json="--json" in flags,
+        timeout=10.0,
+        token=token,
+    )
     code = run(args)
     out = capsys.readouterr()
     return code, out.out, out.err
@@ -55,10 +60,15 @@ def cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> t
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "memexporter", "inspect", *args], capture_output=True, text=True,
-                          timeout=timeout, env=module_env({"XDG_RUNTIME_DIR": os.environ["XDG_RUNTIME_DIR"],
-                                                           "HOME": os.environ["HOME"], **(env or {})}),
-                          preexec_fn=limit, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "memexporter", "inspect", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=module_env({"XDG_RUNTIME_DIR": os.environ["XDG_RUNTIME_DIR"], "HOME": os.environ["HOME"], **(env or {})}),
+        preexec_fn=limit,
+        check=False,
+    )
     return done.returncode, done.stdout, done.stderr, time.monotonic() - started
 
 
@@ -113,9 +123,13 @@ def endless_body(conn: socket.socket, stopping: threading.Event) -> None:
         conn.sendall(chunk)
 
 
-def fixed(status: str, body: bytes, ctype: str = "application/json") -> Callable[[socket.socket, threading.Event], None]:
+def fixed(
+    status: str, body: bytes, ctype: str = "application/json"
+) -> Callable[[socket.socket, threading.Event], None]:
     def answer(conn: socket.socket, stopping: threading.Event) -> None:
-        conn.sendall(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        conn.sendall(
+            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        )
 
     return answer
 
@@ -161,7 +175,7 @@ def test_tables_growth_first(capsys: pytest.CaptureFixture[str]) -> None:
     row = next(line for line in lines if "float32[3, 1021]" in line)
     assert row.split()[:6] == ["cpu", "float32[3,", "1021]", "other", "9", "+1"]  # kept after the step
     assert row.endswith("Job.store (list)") and "12.0 KiB" in row
-    census_rows = lines[lines.index(next(x for x in lines if x.startswith("Census:"))) + 2:][:3]
+    census_rows = lines[lines.index(next(x for x in lines if x.startswith("Census:"))) + 2 :][:3]
     assert len(census_rows) == 3 and "more)" in out
     code, out, _ = inspect(f"http://127.0.0.1:{exp.port}/metrics", capsys, "--json")
     assert code == 0 and json.loads(out)["growth"][0]["held_by"] == ["Job.store (list)"]
@@ -231,25 +245,48 @@ def test_an_endless_answer_stops_at_the_size_cap() -> None:
     [
         (fixed("200 OK", b'{"hello": "world"}'), "not a memexporter /debug/memory document (no 'rank')"),
         (fixed("200 OK", b"[1, 2, 3]"), "not a memexporter /debug/memory document (JSON list, not an object)"),
-        (fixed("200 OK", b'{"rank": "0", "pid": 1, "step": 2, "growth": {}, "autograd": [], "census": null}'),
-         "('growth' is a dict)"),
-        (fixed("200 OK", b'{"rank": "0", "pid": 1, "step": 2, "growth": [{"x": 1}], "autograd": [], "census": null,'
-                         b' "next_census_step": 3, "census_every": 1}'), "not a memexporter /debug/memory document (no "),
+        (
+            fixed("200 OK", b'{"rank": "0", "pid": 1, "step": 2, "growth": {}, "autograd": [], "census": null}'),
+            "('growth' is a dict)",
+        ),
+        (
+            fixed(
+                "200 OK",
+                b'{"rank": "0", "pid": 1, "step": 2, "growth": [{"x": 1}], "autograd": [], "census": null,'
+                b' "next_census_step": 3, "census_every": 1}',
+            ),
+            "not a memexporter /debug/memory document (no ",
+        ),
         (fixed("200 OK", b"<html><body>Grafana</body></html>", "text/html"), "(not JSON: "),
         (fixed("200 OK", b"[" * 100_000), "not a memexporter /debug/memory document"),
         (fixed("200 OK", b"\xff\xfe{}"), "(not JSON: "),
-        (fixed("500 Internal Server Error", b"boom\n\x1b[31mred\nmore lines\n", "text/plain"),
-         "HTTP 500 Internal Server Error: boom"),
+        (
+            fixed("500 Internal Server Error", b"boom\n\x1b[31mred\nmore lines\n", "text/plain"),
+            "HTTP 500 Internal Server Error: boom",
+        ),
         (fixed("302 Found", b""), "a redirect to ?: inspect follows none"),
         (raw(b"SSH-2.0-OpenSSH_9.6\r\n"), "not an HTTP answer"),
         (raw(b""), "not an HTTP answer"),
         (raw(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}"), "the answer was cut short"),
     ],
-    ids=["other-json", "json-list", "wrong-type", "deep-field", "html", "nested", "not-utf8", "500", "redirect", "ssh",
-         "closed", "cut-short"],
+    ids=[
+        "other-json",
+        "json-list",
+        "wrong-type",
+        "deep-field",
+        "html",
+        "nested",
+        "not-utf8",
+        "500",
+        "redirect",
+        "ssh",
+        "closed",
+        "cut-short",
+    ],
 )
-def test_an_answer_that_is_not_memexporters_is_one_line(answer: Callable[[socket.socket, threading.Event], None],
-                                                       said: str) -> None:
+def test_an_answer_that_is_not_memexporters_is_one_line(
+    answer: Callable[[socket.socket, threading.Event], None], said: str
+) -> None:
     with hostile(answer) as port:
         code, out, err, _ = cli(f"127.0.0.1:{port}", "--timeout", "10")
     assert code == 1 and out == "" and said in one_line_error(err)
@@ -297,8 +334,11 @@ def test_the_jobs_token_is_found_for_a_local_port(runtime_dir: Path, tmp_path: P
     assert code == 1 and "403, the job wants its debug token and no token file for port" in one_line_error(err)
     assert "--token or MEMEXPORTER_DEBUG_TOKEN" in err and token not in err
     for given in (["--token", token], []):
-        code, out, err, _ = cli(f"127.0.0.1:{exp.port}", *given, env={"XDG_RUNTIME_DIR": str(tmp_path / "nowhere"),
-                                                                       "MEMEXPORTER_DEBUG_TOKEN": token})
+        code, out, err, _ = cli(
+            f"127.0.0.1:{exp.port}",
+            *given,
+            env={"XDG_RUNTIME_DIR": str(tmp_path / "nowhere"), "MEMEXPORTER_DEBUG_TOKEN": token},
+        )
         assert code == 0, err
     code, _, err, _ = cli(f"127.0.0.1:{exp.port}", "--token", "not-the-token-at-all")
     assert code == 1 and "403, the job refused the token given" in one_line_error(err)

@@ -36,7 +36,7 @@ def _make_target(name: str) -> list[list[str]]:
         if not line.startswith("\t"):
             break
         argv = shlex.split(line)
-        commands.append(argv[argv.index("memexporter") + 1:])
+        commands.append(argv[argv.index("memexporter") + 1 :])
     return commands
 
 
@@ -63,8 +63,9 @@ def test_rules_inside_the_prometheusrule_pass_promtool(tmp_path: Path, argv: lis
     assert crd_errors(resource) == []
     spec = tmp_path / "spec.yml"
     spec.write_text(yaml.safe_dump(resource["spec"]), encoding="utf-8")
-    result = subprocess.run([require("promtool"), "check", "rules", str(spec)], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run(
+        [require("promtool"), "check", "rules", str(spec)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     count = sum(len(g["rules"]) for g in resource["spec"]["groups"])
     assert f"SUCCESS: {count} rules found" in result.stdout
@@ -97,10 +98,11 @@ def test_kustomization_references_resolve() -> None:
 def test_kubectl_kustomize_builds_the_stack() -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl not installed (not packaged by Debian 12): the kustomization's references are "
-                    "checked by test_kustomization_references_resolve instead")
-    result = subprocess.run([kubectl, "kustomize", str(HERE)], capture_output=True, text=True, timeout=120,
-                            check=False)
+        pytest.skip(
+            "kubectl not installed (not packaged by Debian 12): the kustomization's references are "
+            "checked by test_kustomization_references_resolve instead"
+        )
+    result = subprocess.run([kubectl, "kustomize", str(HERE)], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     built = [d for d in yaml.safe_load_all(result.stdout) if d]
     assert Counter(r["kind"] for r in built) == EXPECTED_KINDS

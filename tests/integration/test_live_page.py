@@ -47,7 +47,9 @@ def train(steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    return {(s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples
+    }
 
 
 def test_live_json_has_the_figures_of_metrics_and_the_page_links_every_endpoint() -> None:
@@ -67,12 +69,18 @@ def test_live_json_has_the_figures_of_metrics_and_the_page_links_every_endpoint(
         assert cpu[key] == pytest.approx(seen[(f"memexporter_{key}", labels)], rel=0.05), key
     _, baseline, peak = cpu["history"][-1]  # the last boundary's step baseline and peak
     assert 0 < baseline <= peak
-    trend = {k: seen[(f"memexporter_{k}", labels)] for k in ("leak_rate_bytes_per_second", "leak_bytes_per_step",
-                                                               "oom_eta_seconds")}
+    trend = {
+        k: seen[(f"memexporter_{k}", labels)]
+        for k in ("leak_rate_bytes_per_second", "leak_bytes_per_step", "oom_eta_seconds")
+    }
     assert cpu["in_words"] == in_words(trend)
     rows = {m["module"]: m for m in doc["modules"]}
     weight = sum(p.numel() * 4 for p in model[0].parameters())
-    assert rows["0"]["parameters"] == weight == seen[("memexporter_module_parameter_bytes", frozenset({("rank", "0"), ("module", "0")}))]
+    assert (
+        rows["0"]["parameters"]
+        == weight
+        == seen[("memexporter_module_parameter_bytes", frozenset({("rank", "0"), ("module", "0")}))]
+    )
     assert rows["0"]["optimizer_state"] >= 2 * weight and all(doc["health"].values())
     page = get(base + "/")[2].decode()
     assert 'fetch("live.json"' in page  # relative: behind a path prefix too

@@ -62,7 +62,9 @@ def test_the_page_shows_what_live_json_says_and_draws_its_chart(browser: Any, tm
         assert int(cpu.find_element("css selector", "svg").get_attribute("data-points")) == len(figures["history"]) >= 1
         assert "8 steps" in browser.find_element("id", "status").text
         # The module table lists /live.json's rows in order (other tests' tracked models may share the process).
-        names = [r.find_element("css selector", "td").text for r in browser.find_elements("css selector", "#modules tr")[1:]]
+        names = [
+            r.find_element("css selector", "td").text for r in browser.find_elements("css selector", "#modules tr")[1:]
+        ]
         assert names == [m["module"] for m in doc["modules"]] and "(root)" in names
         assert console_errors(browser) == []
         browser.save_screenshot(str(tmp_path / "live-page.png"))

@@ -40,8 +40,9 @@ print(json.dumps({"loaded_by_import": loaded, "device_series": device}))
 
 def test_no_device_library_no_import_no_output_no_device_series() -> None:
     env = {k: v for k, v in module_env().items() if k != "MEMEXPORTER_STRICT"}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=True,
-                         env=env, cwd=REPO_ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=True, env=env, cwd=REPO_ROOT
+    )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"loaded_by_import": [], "device_series": []}, got
     assert besides_serving(out.stderr) == "", f"the job's stderr got: {out.stderr!r}"

@@ -118,6 +118,8 @@ def test_a_leak_saves_a_checkpoint_once_before_the_oom(tmp_path: Path, record_pr
     record_property("oom_risk_lead_seconds", round(lead, 1))
     record_property("oom_risk_reason", r.reason)
     record_property("oom_risk_eta_seconds", None if r.eta_seconds == float("inf") else round(r.eta_seconds))
-    print(f"on_oom_risk: {r.reason} at {r.peak_bytes / r.limit_bytes:.0%} of the budget, ETA {r.eta_seconds:.0f} s; "
-          f"checkpoint saved {lead:.1f} s before the simulated OOM ({run.steps} steps, {run.seconds:.0f} s)")
+    print(
+        f"on_oom_risk: {r.reason} at {r.peak_bytes / r.limit_bytes:.0%} of the budget, ETA {r.eta_seconds:.0f} s; "
+        f"checkpoint saved {lead:.1f} s before the simulated OOM ({run.steps} steps, {run.seconds:.0f} s)"
+    )
     assert lead >= 2.0  # a useful warning, not a photo finish

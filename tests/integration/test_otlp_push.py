@@ -35,8 +35,14 @@ INTERVAL_MS = 250
 SEMCONV = {i.name for i in names.instruments() if i.semconv is not None}
 # Families whose value moves by itself between a scrape and a push (the process' RSS, the
 # machine's free memory, timings): compared within a tolerance, the rest exactly.
-LIVE = {"memexporter_memory_used_bytes", "memexporter_memory_limit_bytes", "memexporter_host_rss_bytes",
-        "memexporter_host_available_bytes", "memexporter_host_children_rss_bytes", "memexporter_oom_eta_seconds"}
+LIVE = {
+    "memexporter_memory_used_bytes",
+    "memexporter_memory_limit_bytes",
+    "memexporter_host_rss_bytes",
+    "memexporter_host_available_bytes",
+    "memexporter_host_children_rss_bytes",
+    "memexporter_oom_eta_seconds",
+}
 
 # An ordinary training script: DataLoader workers (forked), a tracked model, a leak (so that the
 # time to OOM is finite and pushed), then it waits for the test, stops memexporter itself and lives
@@ -89,8 +95,11 @@ def wait_for_file(path: Path, proc: subprocess.Popen[bytes], log: Path, timeout:
 
 def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for fam in text_string_to_metric_families(body) for s in fam.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(body)
+        for s in fam.samples
+    }
 
 
 def translated(r: Received) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -111,21 +120,35 @@ def test_memexporter_run_pushes_what_it_serves(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     port, log = free_port(), tmp_path / "job.log"
     with OtlpHttpReceiver() as rx:
-        env = otel_env({
-            "MEMEXPORTER_OTEL": "1", "MEMEXPORTER_PORT": str(port), "MEMEXPORTER_ADDR": "127.0.0.1",
-            "MEMEXPORTER_WARMUP_STEPS": "0", "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
-            "OTEL_METRIC_EXPORT_INTERVAL": str(INTERVAL_MS), "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
-            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20t0ken", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=ci",
-        })
+        env = otel_env(
+            {
+                "MEMEXPORTER_OTEL": "1",
+                "MEMEXPORTER_PORT": str(port),
+                "MEMEXPORTER_ADDR": "127.0.0.1",
+                "MEMEXPORTER_WARMUP_STEPS": "0",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
+                "OTEL_METRIC_EXPORT_INTERVAL": str(INTERVAL_MS),
+                "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+                "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20t0ken",
+                "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=ci",
+            }
+        )
         with log.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "memexporter", "run", str(script), str(tmp_path),
-                                     str(4 * INTERVAL_MS / 1000)],
-                                    stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "memexporter", "run", str(script), str(tmp_path), str(4 * INTERVAL_MS / 1000)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO_ROOT,
+                start_new_session=True,
+            )
         try:
             pid = int(wait_for_file(tmp_path / "trained", proc, log))
             # The first push that starts after a scrape: both read the same, idle, job.
             scraped, t_scrape = scrape(port), time.time()
-            after = rx.wait_for(lambda rs: any(r.at > t_scrape + INTERVAL_MS / 1000 for r in rs), 20, "a push after the scrape")
+            after = rx.wait_for(
+                lambda rs: any(r.at > t_scrape + INTERVAL_MS / 1000 for r in rs), 20, "a push after the scrape"
+            )
             pushed = translated(next(r for r in after if r.at > t_scrape + INTERVAL_MS / 1000))
             (tmp_path / "go").write_text("")
             stopped = float(wait_for_file(tmp_path / "stopped", proc, log, timeout=30))
@@ -187,38 +210,92 @@ def test_an_unreachable_collector_is_one_line_and_training_goes_on(tmp_path: Pat
     # Wrong protocols and missing packages: tests/unit/test_otel_push.py (one line each, too).
     closed, port = closed_port(), free_port()
     script = tmp_path / "train.py"
-    script.write_text(training(3, """
+    script.write_text(
+        training(
+            3,
+            """
         time.sleep(1.5)  # several export intervals
         body = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
         assert 'memexporter_steps_total{rank="0"} 3.0' in body, body[:300]
         print("trained and scraped")
-        """))
-    env = otel_env({"MEMEXPORTER_OTEL": "1", "MEMEXPORTER_STRICT": "0", "OTEL_METRIC_EXPORT_INTERVAL": str(INTERVAL_MS),
-                    "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed}", "OTEL_EXPORTER_OTLP_TIMEOUT": "2"})
-    out = subprocess.run([sys.executable, "-m", "memexporter", "run", "--port", str(port), "--addr", "127.0.0.1",
-                          str(script), str(port)], capture_output=True, text=True, timeout=120, env=env, cwd=REPO_ROOT, check=False)
+        """,
+        )
+    )
+    env = otel_env(
+        {
+            "MEMEXPORTER_OTEL": "1",
+            "MEMEXPORTER_STRICT": "0",
+            "OTEL_METRIC_EXPORT_INTERVAL": str(INTERVAL_MS),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed}",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
+        }
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memexporter",
+            "run",
+            "--port",
+            str(port),
+            "--addr",
+            "127.0.0.1",
+            str(script),
+            str(port),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO_ROOT,
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "trained and scraped" in out.stdout
     # Nothing else on the job's stderr: no SDK retry warnings, no tracebacks.
-    problems = [line for line in out.stderr.splitlines() if " ERROR " in line or " WARNING " in line or "Traceback" in line]
+    problems = [
+        line for line in out.stderr.splitlines() if " ERROR " in line or " WARNING " in line or "Traceback" in line
+    ]
     assert len(problems) == 1, out.stderr
-    assert f"OTEL_EXPORTER_OTLP_ENDPOINT='http://127.0.0.1:{closed}'" in problems[0] and "Connection refused" in problems[0]
+    assert (
+        f"OTEL_EXPORTER_OTLP_ENDPOINT='http://127.0.0.1:{closed}'" in problems[0]
+        and "Connection refused" in problems[0]
+    )
 
 
 @pytest.mark.slow
 def test_bootstrap_push_only_flushes_at_exit(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text(training(5, """
+    script.write_text(
+        training(
+            5,
+            """
         listening = [c for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN]
         assert not listening, listening
         print("no port, exiting without stop()")
-        """))
+        """,
+        )
+    )
     with OtlpHttpReceiver() as rx:
-        env = otel_env({"MEMEXPORTER_AUTOSTART": "1", "MEMEXPORTER_OTEL": "1", "MEMEXPORTER_HTTP": "0",
-                        "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, "OTEL_METRIC_EXPORT_INTERVAL": "60000"})
+        env = otel_env(
+            {
+                "MEMEXPORTER_AUTOSTART": "1",
+                "MEMEXPORTER_OTEL": "1",
+                "MEMEXPORTER_HTTP": "0",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
+                "OTEL_METRIC_EXPORT_INTERVAL": "60000",
+            }
+        )
         env["PYTHONPATH"] = os.pathsep.join([bootstrap_path(), env["PYTHONPATH"]])
-        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env,
-                             cwd=tmp_path, check=False)
+        out = subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            cwd=tmp_path,
+            check=False,
+        )
         received = rx.snapshot()
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no port" in out.stdout

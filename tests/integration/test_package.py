@@ -27,8 +27,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.xdist_group
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     # An isolated build (a fresh environment with the declared build backend), as a release does.
-    result = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO_ROOT)],
-                            capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(REPO_ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out
 
@@ -41,8 +46,13 @@ def _one(dist: Path, pattern: str) -> Path:
 def test_twine_check_strict_passes(dist: Path) -> None:
     files = sorted(str(p) for p in dist.iterdir())
     assert len(files) == 2
-    result = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *files], capture_output=True,
-                            text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("PASSED") == 2
 
@@ -71,10 +81,20 @@ def test_sdist_carries_what_operators_deploy(dist: Path) -> None:
     sdist = _one(dist, f"memexporter-{memexporter.__version__}.tar.gz")
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    wanted = {"LICENSE", "CHANGELOG.md", "README.md", "Dockerfile", "alerts/memexporter.rules.yml",
-              "alerts/runbook.md", "alertmanager/alertmanager.example.yml", "deploy/compose/compose.yaml", "deploy/kubernetes/kustomization.yaml",
-              "examples/prometheus/podmonitor.yaml", "grafana/provisioning/dashboards/memexporter.yml",
-              *(f"grafana/dashboards/{n}" for n in export.rendered())}
+    wanted = {
+        "LICENSE",
+        "CHANGELOG.md",
+        "README.md",
+        "Dockerfile",
+        "alerts/memexporter.rules.yml",
+        "alerts/runbook.md",
+        "alertmanager/alertmanager.example.yml",
+        "deploy/compose/compose.yaml",
+        "deploy/kubernetes/kustomization.yaml",
+        "examples/prometheus/podmonitor.yaml",
+        "grafana/provisioning/dashboards/memexporter.yml",
+        *(f"grafana/dashboards/{n}" for n in export.rendered()),
+    }
     assert wanted <= names, sorted(wanted - names)
     assert not [n for n in names if "__pycache__" in n or n.startswith(".venv")]
 
@@ -84,18 +104,31 @@ def test_the_wheel_alone_renders_rules_and_dashboards_without_torch(dist: Path, 
     with torch unimportable: what `memexporter rules` and `dashboards` need is inside the wheel."""
     site = tmp_path / "site"
     wheel = _one(dist, "*.whl")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-                    str(wheel)], check=True, capture_output=True, timeout=300)
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import memexporter; assert memexporter.__file__.startswith(sys.argv[1]), memexporter.__file__\n"
-            "from memexporter.cli import main\n"
-            "assert main(['rules', '--output', 'rules.yml']) == 0\n"
-            "assert main(['rules', '--format', 'prometheusrule', '--output', 'rule.yaml']) == 0\n"
-            "assert main(['dashboards', '--output', 'dashboards']) == 0\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import memexporter; assert memexporter.__file__.startswith(sys.argv[1]), memexporter.__file__\n"
+        "from memexporter.cli import main\n"
+        "assert main(['rules', '--output', 'rules.yml']) == 0\n"
+        "assert main(['rules', '--format', 'prometheusrule', '--output', 'rule.yaml']) == 0\n"
+        "assert main(['dashboards', '--output', 'dashboards']) == 0\n"
+    )
     work = tmp_path / "work"
     work.mkdir()
-    result = subprocess.run([sys.executable, "-c", code, str(site)], cwd=work, env={"PYTHONPATH": str(site)},
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(site)],
+        cwd=work,
+        env={"PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert (work / "rules.yml").read_text(encoding="utf-8") == rules.render()
     assert "kind: PrometheusRule" in (work / "rule.yaml").read_text(encoding="utf-8")

@@ -17,8 +17,10 @@ CPU_SPECS = [s for s in SPECS if not s.cuda_only and not s.sharded_only]  # the 
 
 def test_contract_series_are_queryable_in_prometheus() -> None:
     port = free_port()
-    with running_demo(port, "--leak-mib-per-step", "2", "--warmup-steps", "5", "--step-interval", "0.1"), \
-            running_prometheus([f"127.0.0.1:{port}"]) as prom:
+    with (
+        running_demo(port, "--leak-mib-per-step", "2", "--warmup-steps", "5", "--step-interval", "0.1"),
+        running_prometheus([f"127.0.0.1:{port}"]) as prom,
+    ):
         prom.wait_targets_up(timeout=30)
         # enough steps for the trend window to report: the warm-up (5 steps, and 5 s: ~50 steps at
         # 10 steps/s), then the minimum points (32) spanning 3 s, and a scrape to carry it

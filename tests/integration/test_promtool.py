@@ -52,10 +52,17 @@ def test_promtool_check_rules_committed(path: Path) -> None:
     assert f"SUCCESS: {rule_count(path.read_text(encoding='utf-8'))} rules found" in result.stdout
 
 
-@pytest.mark.parametrize("kwargs", [{"preset": "demo"}, {"selector": 'namespace="ml",job=~"trainer-.*"'},
-                                    {"selector": "job=~`trainer-\\d+`, rank!='0',"},
-                                    {"critical_severity": "warning"}, {"peer_labels": "job,cluster,training_job"}],
-                         ids=["demo", "selector", "selector-raw-string", "severity", "peer-labels"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"preset": "demo"},
+        {"selector": 'namespace="ml",job=~"trainer-.*"'},
+        {"selector": "job=~`trainer-\\d+`, rank!='0',"},
+        {"critical_severity": "warning"},
+        {"peer_labels": "job,cluster,training_job"},
+    ],
+    ids=["demo", "selector", "selector-raw-string", "severity", "peer-labels"],
+)
 def test_promtool_check_rules_fresh_rendering(tmp_path: Path, kwargs: dict[str, str]) -> None:
     path = tmp_path / "rendered.rules.yml"
     path.write_text(rules.render(**kwargs), encoding="utf-8")
@@ -102,18 +109,24 @@ def test_promtool_unit_tests_catch_a_changed_rule(tmp_path: Path) -> None:
     (tmp_path / "memexporter.rules.yml").write_text(rules.render_config(cfg), encoding="utf-8")
     for name in ("oom_forecast.yml", "allocator.yml"):
         shutil.copy(ALERTS_DIR / "tests" / name, tmp_path / "tests" / name)
-    for name, alert in (("oom_forecast.yml", "MemexporterOOMPredicted"),
-                        ("allocator.yml", "MemexporterFragmentationHigh")):
+    for name, alert in (
+        ("oom_forecast.yml", "MemexporterOOMPredicted"),
+        ("allocator.yml", "MemexporterFragmentationHigh"),
+    ):
         result = run(require("promtool"), "test", "rules", tmp_path / "tests" / name)
         assert result.returncode != 0, f"{name} passed against changed rules"
         assert f"alertname: {alert}" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(("change", "alert"), [
-    ({"stalled_phase_floor": 900}, "MemexporterTrainingStalled"),  # a first evaluation pages at 1h20m
-    ({"stalled_factor": 5.0}, "MemexporterTrainingStalled"),  # the hung evaluation pages 75 minutes early
-    ({"imminent_full_utilisation": 0.99}, "MemexporterOOMImminent"),  # the 98% evaluation stays silent
-], ids=["no-phase-floor", "factor-5", "full-at-99"])
+@pytest.mark.parametrize(
+    ("change", "alert"),
+    [
+        ({"stalled_phase_floor": 900}, "MemexporterTrainingStalled"),  # a first evaluation pages at 1h20m
+        ({"stalled_factor": 5.0}, "MemexporterTrainingStalled"),  # the hung evaluation pages 75 minutes early
+        ({"imminent_full_utilisation": 0.99}, "MemexporterOOMImminent"),  # the 98% evaluation stays silent
+    ],
+    ids=["no-phase-floor", "factor-5", "full-at-99"],
+)
 def test_promtool_phase_tests_catch_a_changed_rule(tmp_path: Path, change: dict[str, Any], alert: str) -> None:
     # Not vacuous: phases.yml fails against rules whose stall allowance or phase gate moved.
     cfg = dataclasses.replace(rules.RulesConfig.default(), **change)
@@ -125,10 +138,14 @@ def test_promtool_phase_tests_catch_a_changed_rule(tmp_path: Path, change: dict[
     assert f"alertname: {alert}" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(("change", "alert"), [
-    ({"run_lead_for": 0}, "MemexporterMemoryLeak"),  # the run alert fires with its ranks, not 5 minutes before
-    ({"run_min_ranks": 5}, "MemexporterMemoryLeak"),  # llm-a's 4 ranks are no longer a run-wide cause
-], ids=["run-for-as-rank", "five-ranks"])
+@pytest.mark.parametrize(
+    ("change", "alert"),
+    [
+        ({"run_lead_for": 0}, "MemexporterMemoryLeak"),  # the run alert fires with its ranks, not 5 minutes before
+        ({"run_min_ranks": 5}, "MemexporterMemoryLeak"),  # llm-a's 4 ranks are no longer a run-wide cause
+    ],
+    ids=["run-for-as-rank", "five-ranks"],
+)
 def test_promtool_run_tests_catch_a_changed_rule(tmp_path: Path, change: dict[str, Any], alert: str) -> None:
     # Not vacuous: runs.yml pins when the run alerts fire and that they do.
     cfg = dataclasses.replace(rules.RulesConfig.default(), **change)
@@ -161,21 +178,31 @@ def test_amtool_check_config() -> None:
     assert "SUCCESS" in result.stdout
 
 
-@pytest.mark.parametrize(("labels", "receiver"), [
-    (("alertname=MemexporterOOMImminent", "severity=critical"), "training-pager"),
-    (("alertname=MemexporterTrainingStalled", "severity=critical"), "training-pager"),
-    (("alertname=MemexporterTrainingStalled", "severity=warning"), "training-chat"),  # rules rendered not to page
-    (("alertname=MemexporterOOMPredicted", "severity=warning"), "training-chat"),
-    (("alertname=MemexporterCollectorFailing", "severity=warning"), "training-chat"),
-    (("alertname=MemexporterFatalOOMSuspected", "severity=warning"), "training-chat"),
-    (("alertname=MemexporterOOMImminent", "severity=critical", "scope=run"), "training-pager"),
-    (("alertname=MemexporterMemoryLeak", "severity=warning", "scope=run"), "training-chat"),
-    (("alertname=MemexporterOOMImminent", "severity=critical", "scope=rank"), "training-pager"),
-    (("alertname=MemexporterMemoryLeak", "severity=warning", "scope=rank"), "training-chat"),
-])
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (("alertname=MemexporterOOMImminent", "severity=critical"), "training-pager"),
+        (("alertname=MemexporterTrainingStalled", "severity=critical"), "training-pager"),
+        (("alertname=MemexporterTrainingStalled", "severity=warning"), "training-chat"),  # rules rendered not to page
+        (("alertname=MemexporterOOMPredicted", "severity=warning"), "training-chat"),
+        (("alertname=MemexporterCollectorFailing", "severity=warning"), "training-chat"),
+        (("alertname=MemexporterFatalOOMSuspected", "severity=warning"), "training-chat"),
+        (("alertname=MemexporterOOMImminent", "severity=critical", "scope=run"), "training-pager"),
+        (("alertname=MemexporterMemoryLeak", "severity=warning", "scope=run"), "training-chat"),
+        (("alertname=MemexporterOOMImminent", "severity=critical", "scope=rank"), "training-pager"),
+        (("alertname=MemexporterMemoryLeak", "severity=warning", "scope=rank"), "training-chat"),
+    ],
+)
 def test_amtool_routes_by_severity(labels: tuple[str, ...], receiver: str) -> None:
-    result = run(require("amtool"), "config", "routes", "test", f"--config.file={AM_EXAMPLE}",
-                 f"--verify.receivers={receiver}", *labels)
+    result = run(
+        require("amtool"),
+        "config",
+        "routes",
+        "test",
+        f"--config.file={AM_EXAMPLE}",
+        f"--verify.receivers={receiver}",
+        *labels,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -198,8 +225,12 @@ def _example_for(hook: WebhookReceiver, tmp: Path) -> Path:
 
 
 def _post_alerts(url: str, alerts: list[dict[str, Any]]) -> None:
-    req = urllib.request.Request(f"{url}/api/v2/alerts", data=json.dumps(alerts).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        f"{url}/api/v2/alerts",
+        data=json.dumps(alerts).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 200
 
@@ -210,13 +241,20 @@ def test_alertmanager_inhibits_the_warning_twin(tmp_path: Path) -> None:
         where = {"job": "memexporter", "instance": "trainer-0:9400", "device": "cuda:0"}
 
         def alert(name: str, severity: str, rank: str) -> dict[str, Any]:
-            return {"labels": {"alertname": name, "severity": severity, "rank": rank, **where},
-                    "annotations": {"summary": name}}
+            return {
+                "labels": {"alertname": name, "severity": severity, "rank": rank, **where},
+                "annotations": {"summary": name},
+            }
 
         with running_alertmanager(path) as am:
-            _post_alerts(am.url, [alert("MemexporterOOMImminent", "critical", "0"),
-                                  alert("MemexporterOOMPredicted", "warning", "0"),
-                                  alert("MemexporterOOMPredicted", "warning", "1")])
+            _post_alerts(
+                am.url,
+                [
+                    alert("MemexporterOOMImminent", "critical", "0"),
+                    alert("MemexporterOOMPredicted", "warning", "0"),
+                    alert("MemexporterOOMPredicted", "warning", "1"),
+                ],
+            )
             page = hook.wait_for(lambda p: p["receiver"] == "training-pager", timeout=60)
             assert page.path == "/training-pager"
             assert [a["labels"]["alertname"] for a in page.payload["alerts"]] == ["MemexporterOOMImminent"]
@@ -232,10 +270,17 @@ def test_alertmanager_inhibits_the_warning_twin(tmp_path: Path) -> None:
             assert ("MemexporterOOMPredicted", "0") not in notified
 
             # A job that died of an OOM: its ranks vanish together; one notification for the job.
-            _post_alerts(am.url, [alert("MemexporterFatalOOMSuspected", "warning", "0"),
-                                  alert("MemexporterFatalOOMSuspected", "warning", "1")])
-            died = hook.wait_for(lambda p: any(a["labels"]["alertname"] == "MemexporterFatalOOMSuspected"
-                                               for a in p["alerts"]), timeout=60)
+            _post_alerts(
+                am.url,
+                [
+                    alert("MemexporterFatalOOMSuspected", "warning", "0"),
+                    alert("MemexporterFatalOOMSuspected", "warning", "1"),
+                ],
+            )
+            died = hook.wait_for(
+                lambda p: any(a["labels"]["alertname"] == "MemexporterFatalOOMSuspected" for a in p["alerts"]),
+                timeout=60,
+            )
             assert died.path == "/training-chat"
             assert died.payload["groupLabels"] == {"alertname": "MemexporterFatalOOMSuspected", "job": "memexporter"}
             assert sorted(a["labels"]["rank"] for a in died.payload["alerts"]) == ["0", "1"]
@@ -248,17 +293,27 @@ def test_alertmanager_pages_once_per_stalled_run(tmp_path: Path) -> None:
         path = _example_for(hook, tmp_path)
 
         def stalled(run_id: str, rank: str) -> dict[str, Any]:
-            return {"labels": {"alertname": "MemexporterTrainingStalled", "severity": "critical", "job": "memexporter",
-                               "run_id": run_id, "instance": f"trainer-{rank}:9400", "rank": rank},
-                    "annotations": {"summary": "stalled"}}
+            return {
+                "labels": {
+                    "alertname": "MemexporterTrainingStalled",
+                    "severity": "critical",
+                    "job": "memexporter",
+                    "run_id": run_id,
+                    "instance": f"trainer-{rank}:9400",
+                    "rank": rank,
+                },
+                "annotations": {"summary": "stalled"},
+            }
 
         with running_alertmanager(path) as am:
             _post_alerts(am.url, [stalled("run-a", r) for r in "0123"] + [stalled("run-b", "0")])
             hook.wait_for(lambda p: p["receiver"] == "training-pager", timeout=60)
             time.sleep(3)  # both groups (group_wait 1s) have been sent by now
             pages = [r for r in hook.received if r.payload["receiver"] == "training-pager"]
-            by_run = {r.payload["groupLabels"]["run_id"]: sorted(a["labels"]["rank"] for a in r.payload["alerts"])
-                      for r in pages}
+            by_run = {
+                r.payload["groupLabels"]["run_id"]: sorted(a["labels"]["rank"] for a in r.payload["alerts"])
+                for r in pages
+            }
             assert by_run == {"run-a": ["0", "1", "2", "3"], "run-b": ["0"]}, by_run
             assert len(pages) == 2
 
@@ -275,13 +330,21 @@ def test_alertmanager_sends_one_notification_per_run_and_severity(tmp_path: Path
         path = _example_for(hook, tmp_path)
 
         def alert(name: str, severity: str, run_id: str, rank: str | None = None) -> dict[str, Any]:
-            where = {"scope": "run"} if rank is None else {"scope": "rank", "rank": rank, "device": "cuda:0",
-                                                           "instance": f"trainer-{rank}:9400"}
-            return {"labels": {"alertname": name, "severity": severity, "job": "memexporter", "run_id": run_id,
-                               **where}, "annotations": {"summary": name}}
+            where = (
+                {"scope": "run"}
+                if rank is None
+                else {"scope": "rank", "rank": rank, "device": "cuda:0", "instance": f"trainer-{rank}:9400"}
+            )
+            return {
+                "labels": {"alertname": name, "severity": severity, "job": "memexporter", "run_id": run_id, **where},
+                "annotations": {"summary": name},
+            }
 
-        fired = [("MemexporterOOMImminent", "critical"), ("MemexporterOOMPredicted", "warning"),
-                 ("MemexporterMemoryLeak", "warning")]
+        fired = [
+            ("MemexporterOOMImminent", "critical"),
+            ("MemexporterOOMPredicted", "warning"),
+            ("MemexporterMemoryLeak", "warning"),
+        ]
         ranks = [alert(n, s, "wide", r) for r in "0123" for n, s in fired]
         ranks += [alert(n, s, "narrow", "2") for n, s in fired if n != "MemexporterOOMPredicted"]
         with running_alertmanager(path) as am:
@@ -289,9 +352,15 @@ def test_alertmanager_sends_one_notification_per_run_and_severity(tmp_path: Path
             for receiver in ("training-pager", "training-chat"):
                 hook.wait_for(partial(_run_notified, receiver, "wide"), timeout=30)
             time.sleep(3)  # every group (group_wait 1s) has flushed by now
-            got = sorted((r.path, r.payload["groupLabels"].get("run_id"), r.payload["groupLabels"].get("rank", "-"),
-                          tuple((a["labels"]["alertname"], a["labels"]["scope"]) for a in r.payload["alerts"]))
-                         for r in hook.received)
+            got = sorted(
+                (
+                    r.path,
+                    r.payload["groupLabels"].get("run_id"),
+                    r.payload["groupLabels"].get("rank", "-"),
+                    tuple((a["labels"]["alertname"], a["labels"]["scope"]) for a in r.payload["alerts"]),
+                )
+                for r in hook.received
+            )
             # One page and one chat message for the wide run, each of its run alerts; its OOMPredicted is
             # inhibited by the critical twin. The narrow run's rank 2 is notified on its own, per alert.
             assert got == [

@@ -44,8 +44,21 @@ def test_run_script_with_options_and_exit_code(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     port = free_port()
-    out = run([sys.executable, "-m", "memexporter", "run", "--port", str(port), "--addr", "127.0.0.1",
-               str(script), str(port), "7"])
+    out = run(
+        [
+            sys.executable,
+            "-m",
+            "memexporter",
+            "run",
+            "--port",
+            str(port),
+            "--addr",
+            "127.0.0.1",
+            str(script),
+            str(port),
+            "7",
+        ]
+    )
     assert out.returncode == 7, out.stdout + out.stderr
     assert f"script-args ['{port}', '7'] name __main__" in out.stdout
     # memexporter's own logger says where the metrics are (INFO: needs the handler `run` sets up)
@@ -74,14 +87,16 @@ def test_run_module_from_the_console_script(tmp_path: Path) -> None:
 
 def test_run_leaves_the_scripts_logging_and_exit_message_alone(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import logging, sys
         logging.basicConfig(level=logging.DEBUG, format="USER %(message)s")
         logging.getLogger("train").debug("debug line")
         sys.exit("fatal: out of patience")
         """
-    ))
+        )
+    )
     out = run([_entry_point(), "run", "--port", "0", "--addr", "127.0.0.1", str(script)])
     assert out.returncode == 1
     assert "USER debug line" in out.stderr, "the script's own basicConfig took effect"
@@ -100,8 +115,12 @@ def test_environment_bootstrap_starts_the_exporter(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     port = free_port()
-    env = {"MEMEXPORTER_AUTOSTART": "1", "MEMEXPORTER_PORT": str(port), "MEMEXPORTER_ADDR": "127.0.0.1",
-           "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}"}
+    env = {
+        "MEMEXPORTER_AUTOSTART": "1",
+        "MEMEXPORTER_PORT": str(port),
+        "MEMEXPORTER_ADDR": "127.0.0.1",
+        "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}",
+    }
     out = run([sys.executable, str(script), str(port), "0"], env=env)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -109,11 +128,19 @@ def test_environment_bootstrap_starts_the_exporter(tmp_path: Path) -> None:
 def test_the_bootstrap_finds_the_model_and_exports_its_rows(tmp_path: Path) -> None:
     # auto_track is on under the bootstrap: no code names the model, its row appears all the same.
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT.replace("range(3)", "range(4)").replace(
-        '{rank="0"} 3.0', '{rank="0"} 4.0\' in body and \'memexporter_module_parameter_bytes{module="(root)",rank="0"} 288.0'))
+    script.write_text(
+        SCRIPT.replace("range(3)", "range(4)").replace(
+            '{rank="0"} 3.0',
+            '{rank="0"} 4.0\' in body and \'memexporter_module_parameter_bytes{module="(root)",rank="0"} 288.0',
+        )
+    )
     port = free_port()
-    env = {"MEMEXPORTER_AUTOSTART": "1", "MEMEXPORTER_PORT": str(port), "MEMEXPORTER_ADDR": "127.0.0.1",
-           "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}"}
+    env = {
+        "MEMEXPORTER_AUTOSTART": "1",
+        "MEMEXPORTER_PORT": str(port),
+        "MEMEXPORTER_ADDR": "127.0.0.1",
+        "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}",
+    }
     out = run([sys.executable, str(script), str(port), "0"], env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     out = run([sys.executable, str(script), str(port), "0"], env={**env, "MEMEXPORTER_AUTO_TRACK": "0"})
@@ -126,7 +153,11 @@ def test_bootstrap_skips_torchrun_launcher_and_reports_bad_values(tmp_path: Path
     assert not sitecustomize._should_start(["python"])  # MEMEXPORTER_AUTOSTART unset in this process
     script = tmp_path / "noop.py"
     script.write_text("print('ran')")
-    env = {"MEMEXPORTER_AUTOSTART": "1", "MEMEXPORTER_PORT": "not-a-port", "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}"}
+    env = {
+        "MEMEXPORTER_AUTOSTART": "1",
+        "MEMEXPORTER_PORT": "not-a-port",
+        "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}",
+    }
     out = run([sys.executable, str(script)], env=env)
     assert out.returncode == 0 and "ran" in out.stdout  # the interpreter still starts
     assert "memexporter bootstrap: not started" in out.stderr and "MEMEXPORTER_PORT" in out.stderr
@@ -141,8 +172,13 @@ def test_bootstrap_says_a_mistyped_autostart_and_an_unknown_variable(tmp_path: P
     assert "memexporter bootstrap: not started: MEMEXPORTER_AUTOSTART='yes please' is not a boolean" in out.stderr
     # Started, with a typo beside it: said once on stderr (no logging is set up at interpreter start).
     port = free_port()
-    env = {"MEMEXPORTER_AUTOSTART": "1", "MEMEXPORTER_PORT": str(port), "MEMEXPORTER_ADDR": "127.0.0.1",
-           "MEMEXPORTER_PROT": "9500", "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}"}
+    env = {
+        "MEMEXPORTER_AUTOSTART": "1",
+        "MEMEXPORTER_PORT": str(port),
+        "MEMEXPORTER_ADDR": "127.0.0.1",
+        "MEMEXPORTER_PROT": "9500",
+        "PYTHONPATH": f"{bootstrap_path()}:{REPO_ROOT}",
+    }
     out = run([sys.executable, str(script)], env=env)
     assert out.returncode == 0 and "ran" in out.stdout, out.stderr
     assert out.stderr.count("MEMEXPORTER_PROT; did you mean MEMEXPORTER_PORT?") == 1, out.stderr
@@ -165,7 +201,10 @@ def test_bootstrap_chains_to_the_next_sitecustomize(tmp_path: Path) -> None:
         (["python", "train.py"], True),
         (["python", "/venv/bin/torchrun", "--nproc_per_node=2", "train.py"], False),
         (["python", "-m", "torch.distributed.run", "train.py"], False),
-        (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()", "--multiprocessing-fork"], False),
+        (
+            ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()", "--multiprocessing-fork"],
+            False,
+        ),
         (["python", "-c", "from multiprocessing.forkserver import main; main(3, 4)"], False),
         (["python", "/venv/bin/accelerate", "launch", "train.py"], False),
         (["python", "-m", "deepspeed.launcher.runner", "train.py"], False),
@@ -191,12 +230,16 @@ def test_torchrun_no_python_memexporter_run(tmp_path: Path) -> None:
     from tests.support.ports import free_port_block
 
     bindir = Path(sys.executable).parent
-    memexporter_bin, torchrun = shutil.which("memexporter", path=str(bindir)), shutil.which("torchrun", path=str(bindir))
+    memexporter_bin, torchrun = (
+        shutil.which("memexporter", path=str(bindir)),
+        shutil.which("torchrun", path=str(bindir)),
+    )
     if memexporter_bin is None or torchrun is None:
         pytest.skip(f"needs the memexporter and torchrun commands beside {sys.executable} (pip install -e .)")
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import os, urllib.request
         import torch
         model = torch.nn.Linear(8, 8)
@@ -211,9 +254,24 @@ def test_torchrun_no_python_memexporter_run(tmp_path: Path) -> None:
         assert 'world_size="2"' in body
         print("rank", rank, "ok on", port, flush=True)
         """
-    ))
+        )
+    )
     base = free_port_block(2)
-    out = run([torchrun, "--standalone", "--nproc-per-node=2", "--no-python", memexporter_bin, "run",
-               "--port", str(base), "--addr", "127.0.0.1", str(script)], env={"BASE_PORT": str(base)})
+    out = run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node=2",
+            "--no-python",
+            memexporter_bin,
+            "run",
+            "--port",
+            str(base),
+            "--addr",
+            "127.0.0.1",
+            str(script),
+        ],
+        env={"BASE_PORT": str(base)},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stdout.count(" ok on ") == 2

@@ -53,12 +53,22 @@ def two_runs() -> Iterator[tuple[list[str], int]]:
     (the fullest: every rank leaks alike, from its own small offset)."""
     made = adapt(generate(RANKS, 0, ALL), "per_rank", ALL)
     template = Template.parse("per_rank", made)
-    limit, peak = (next(v for n, labels, v in template.samples() if n == f"memexporter_memory_{k}_bytes"
-                        and labels.get("device") == "cuda:0") for k in ("limit", "peak"))
+    limit, peak = (
+        next(
+            v
+            for n, labels, v in template.samples()
+            if n == f"memexporter_memory_{k}_bytes" and labels.get("device") == "cuda:0"
+        )
+        for k in ("limit", "peak")
+    )
     rate = (1 - UTIL_AT_START) * limit / ETA_AT_START  # bytes/s
     began = time.time() - (UTIL_AT_START * limit - peak) / rate  # the leak began this long ago
-    sims = [RankSim({"per_rank": template}, RANKS, "after", run_id=run, step_seconds=0.5, leak_rate=rate,
-                    refresh_seconds=1.0) for run in (ALL, ONE)]
+    sims = [
+        RankSim(
+            {"per_rank": template}, RANKS, "after", run_id=run, step_seconds=0.5, leak_rate=rate, refresh_seconds=1.0
+        )
+        for run in (ALL, ONE)
+    ]
     sims[0].set_leak("all", began)
     sims[1].set_leak(LEAKER, began)
     with RankServers(sims[0]) as all_leak, RankServers(sims[1]) as one_leak:
@@ -76,17 +86,22 @@ def _about(run: str, receiver: str) -> Any:
 def _longest_group_wait() -> float:
     """The longest group_wait in the shipped routing tree (s): the most a group opened by an
     alert waits before its first notification."""
+
     def walk(route: dict[str, Any]) -> list[float]:
         return [seconds(route.get("group_wait", "0s"))] + [w for c in route.get("routes", []) for w in walk(c)]
+
     return max(walk(yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))["route"]))
 
 
 def test_a_leak_on_every_rank_pages_once_per_severity_and_one_rank_alone(tmp_path: Path, record_property: Any) -> None:
     started = time.monotonic()
     rules = render_preset(tmp_path / "rules", "demo")
-    with two_runs() as (targets, worst), WebhookReceiver() as hook, \
-            running_alertmanager(routed_example(tmp_path, hook.url)) as am, \
-            running_prometheus(targets, [rules], alertmanager_url=am.url) as prom:
+    with (
+        two_runs() as (targets, worst),
+        WebhookReceiver() as hook,
+        running_alertmanager(routed_example(tmp_path, hook.url)) as am,
+        running_prometheus(targets, [rules], alertmanager_url=am.url) as prom,
+    ):
         prom.wait_targets_up(timeout=30)
         # The exposition (seconds), the demo preset's `for` (30 s), the example's group_wait (30 s).
         deadline = started + 150
@@ -94,16 +109,22 @@ def test_a_leak_on_every_rank_pages_once_per_severity_and_one_rank_alone(tmp_pat
             for run in (ALL, ONE):
                 hook.wait_for(_about(run, receiver), timeout=max(1.0, deadline - time.monotonic()))
         # Every group that an alert of all-leak opened has had its group_wait by then, with a margin.
-        opened = max(datetime.fromisoformat(a["startsAt"]).timestamp()
-                     for a in am.alerts() if a["labels"].get("run_id") == ALL)
+        opened = max(
+            datetime.fromisoformat(a["startsAt"]).timestamp() for a in am.alerts() if a["labels"].get("run_id") == ALL
+        )
         time.sleep(max(0.0, opened + _longest_group_wait() + 5 - time.time()))
         wall = time.monotonic() - started
         received = list(hook.received)
-        states = {tuple(a["labels"].get(k, "") for k in ("alertname", "scope", "run_id", "rank")): a["status"]
-                  for a in am.alerts() if a["labels"].get("run_id") in (ALL, ONE)}
+        states = {
+            tuple(a["labels"].get(k, "") for k in ("alertname", "scope", "run_id", "rank")): a["status"]
+            for a in am.alerts()
+            if a["labels"].get("run_id") in (ALL, ONE)
+        }
 
-    print(f"run paging: {len(received)} notifications in {wall:.0f} s: "
-          + "; ".join(f"{r.path} {r.payload['groupLabels']}" for r in received))
+    print(
+        f"run paging: {len(received)} notifications in {wall:.0f} s: "
+        + "; ".join(f"{r.path} {r.payload['groupLabels']}" for r in received)
+    )
     record_property("run_paging_seconds", round(wall))
 
     # (a) Every rank leaks: one notification per severity for the run, each of run alerts only.
@@ -129,8 +150,9 @@ def test_a_leak_on_every_rank_pages_once_per_severity_and_one_rank_alone(tmp_pat
     # (b) One rank leaks: that rank is notified on its own, per alert; nothing run-wide.
     theirs = [r for r in received if any(a["labels"].get("run_id") == ONE for a in _alerts(r))]
     for r in theirs:
-        assert [(a["labels"]["scope"], a["labels"]["rank"]) for a in _alerts(r)] == [("rank", str(LEAKER))], \
-            [a["labels"] for a in _alerts(r)]
+        assert [(a["labels"]["scope"], a["labels"]["rank"]) for a in _alerts(r)] == [("rank", str(LEAKER))], [
+            a["labels"] for a in _alerts(r)
+        ]
     names = {(r.path, a["labels"]["alertname"]) for r in theirs for a in _alerts(r)}
     assert {("/pager", "MemexporterOOMImminent"), ("/chat", "MemexporterMemoryLeak")} <= names, names
     assert not [k for k in states if k[2] == ONE and k[1] == "run"], "a single rank's leak fired a run-wide alert"

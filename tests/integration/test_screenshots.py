@@ -56,19 +56,52 @@ def test_the_live_page_and_top_pictures_are_taken_from_two_demo_ranks(tmp_path: 
     healthy, leaking = free_port(), free_port()
     with ExitStack() as stack:
         stack.enter_context(running_demo(healthy, *MODEL, env={**QUICK, "RANK": "0"}, log=tmp_path / "r0.log"))
-        stack.enter_context(running_demo(leaking, *MODEL, "--leak-mib-per-step", "1", "--memory-limit-mib", "2048",
-                                         env={**QUICK, "RANK": "1"}, log=tmp_path / "r1.log"))
-        wait_for(lambda: (cpu(live(leaking)).get("oom_eta_seconds") or 0) > 0 and len(cpu(live(leaking))["history"])
-                 >= HISTORY_S / 2, timeout=120, what="the leaking rank's ETA and history")
+        stack.enter_context(
+            running_demo(
+                leaking,
+                *MODEL,
+                "--leak-mib-per-step",
+                "1",
+                "--memory-limit-mib",
+                "2048",
+                env={**QUICK, "RANK": "1"},
+                log=tmp_path / "r1.log",
+            )
+        )
+        wait_for(
+            lambda: (
+                (cpu(live(leaking)).get("oom_eta_seconds") or 0) > 0
+                and len(cpu(live(leaking))["history"]) >= HISTORY_S / 2
+            ),
+            timeout=120,
+            what="the leaking rank's ETA and history",
+        )
         with headless_chromium(width=1100, height=1000) as browser:
             browser.get(f"http://127.0.0.1:{leaking}/")
             shown = card(browser, "cpu")
             wait_for(lambda: "reaches the limit" in shown.text, what="the ETA in words")
             assert console_errors(browser) == []
             browser.save_screenshot(str(out / "live-page.png"))
-        done = subprocess.run([sys.executable, "-m", "memexporter", "top", f"127.0.0.1:{healthy}", f"127.0.0.1:{leaking}",
-                               "--svg", str(out / "top.svg"), "--width", "110"],
-                              env=module_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "memexporter",
+                "top",
+                f"127.0.0.1:{healthy}",
+                f"127.0.0.1:{leaking}",
+                "--svg",
+                str(out / "top.svg"),
+                "--width",
+                "110",
+            ],
+            env=module_env(),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0 and f"wrote {out / 'top.svg'}" in done.stdout, done.stdout + done.stderr
 
     width, height = png_size(out / "live-page.png")

@@ -43,8 +43,10 @@ needs_ipv6 = pytest.mark.skipif(not ipv6_loopback(), reason="this host has no IP
 
 # --- addresses ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("addr", ["999.1.1.1", "not an address", "127.0.0.1 ", " 0.0.0.0", "[::1]",
-                                  "trainer-0.cluster.local", "192.0.2.1"])
+
+@pytest.mark.parametrize(
+    "addr", ["999.1.1.1", "not an address", "127.0.0.1 ", " 0.0.0.0", "[::1]", "trainer-0.cluster.local", "192.0.2.1"]
+)
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_bad_addr_is_a_value_error_naming_it(addr: str, strict: bool) -> None:
     # 192.0.2.1 is TEST-NET-1 (RFC 5737): never an address of this host.
@@ -69,6 +71,7 @@ def test_localhost_is_the_one_name_taken() -> None:
 
 # --- TLS files ---------------------------------------------------------------------------------
 
+
 def _tls_case(kind: str, folder: Path) -> tuple[Path, Path, str]:
     """``(certfile, keyfile, the setting the error must name)`` for one kind of bad TLS input."""
     cert, key = self_signed(folder, "good")
@@ -91,11 +94,13 @@ def _tls_case(kind: str, folder: Path) -> tuple[Path, Path, str]:
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["garbage certificate", "key as certificate", "mismatched key", "garbage key",
-                                  "encrypted key"])
+@pytest.mark.parametrize(
+    "kind", ["garbage certificate", "key as certificate", "mismatched key", "garbage key", "encrypted key"]
+)
 @pytest.mark.parametrize("strict", [False, True])
-def test_bad_tls_files_are_a_value_error_naming_the_setting(kind: str, strict: bool, tmp_path: Path,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_bad_tls_files_are_a_value_error_naming_the_setting(
+    kind: str, strict: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     certfile, keyfile, setting = _tls_case(kind, tmp_path)
     with caplog.at_level(logging.ERROR, logger="memexporter"), pytest.raises(ValueError) as info:
         memexporter.start(port=0, addr="127.0.0.1", certfile=str(certfile), keyfile=str(keyfile), strict=strict)
@@ -116,6 +121,7 @@ def test_tls_url_is_https_and_opens(tls_files: tuple[Path, Path]) -> None:
 
 # --- URLs and the peer address -----------------------------------------------------------------
 
+
 @needs_ipv6
 def test_ipv6_url_has_brackets_and_opens() -> None:
     exp = memexporter.start(port=0, addr="::1")
@@ -124,13 +130,16 @@ def test_ipv6_url_has_brackets_and_opens() -> None:
         assert r.status == 200
 
 
-@pytest.mark.parametrize(("addr", "tls", "expected"), [
-    ("0.0.0.0", False, "http://localhost:9400/metrics"),
-    ("::", False, "http://localhost:9400/metrics"),
-    ("10.1.2.3", True, "https://10.1.2.3:9400/metrics"),
-    ("fe80::1%eth0", False, "http://[fe80::1%25eth0]:9400/metrics"),  # RFC 6874 zone
-    ("2001:db8::7", True, "https://[2001:db8::7]:9400/metrics"),
-])
+@pytest.mark.parametrize(
+    ("addr", "tls", "expected"),
+    [
+        ("0.0.0.0", False, "http://localhost:9400/metrics"),
+        ("::", False, "http://localhost:9400/metrics"),
+        ("10.1.2.3", True, "https://10.1.2.3:9400/metrics"),
+        ("fe80::1%eth0", False, "http://[fe80::1%25eth0]:9400/metrics"),  # RFC 6874 zone
+        ("2001:db8::7", True, "https://[2001:db8::7]:9400/metrics"),
+    ],
+)
 def test_url_forms(addr: str, tls: bool, expected: str) -> None:
     assert server.url(addr, 9400, tls) == expected
 
@@ -140,11 +149,14 @@ def _peer(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterab
     return [environ["REMOTE_ADDR"].encode()]
 
 
-@pytest.mark.parametrize(("bind", "connect"), [
-    ("127.0.0.1", "127.0.0.1"),
-    pytest.param("::1", "::1", marks=needs_ipv6),
-    pytest.param("::", "127.0.0.1", marks=needs_ipv6),  # a dual-stack socket sees ::ffff:127.0.0.1
-])
+@pytest.mark.parametrize(
+    ("bind", "connect"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        pytest.param("::1", "::1", marks=needs_ipv6),
+        pytest.param("::", "127.0.0.1", marks=needs_ipv6),  # a dual-stack socket sees ::ffff:127.0.0.1
+    ],
+)
 def test_routes_see_the_peer_address_as_remote_addr(bind: str, connect: str) -> None:
     srv = server.serve(CollectorRegistry(), 0, bind, routes={"/debug/peer": server.Route(_peer, "peer")})
     try:
@@ -171,14 +183,23 @@ def test_a_failing_route_answers_500_and_prints_nothing(capfd: pytest.CaptureFix
 
 # --- the port, and what the log says (a taken port: test_exporter_http.py) -----------------
 
+
 def test_privileged_port_log_names_the_permission_not_dcgm() -> None:
     # As an unprivileged user (a new user namespace maps us to nobody; root could bind port 80).
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare (util-linux) to run as an unprivileged user")
-    code = ("import logging, memexporter; logging.basicConfig(); "
-            "e = memexporter.start(port=80, addr='127.0.0.1'); print(e.port)")
-    out = subprocess.run(["unshare", "--user", sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    code = (
+        "import logging, memexporter; logging.basicConfig(); "
+        "e = memexporter.start(port=80, addr='127.0.0.1'); print(e.port)"
+    )
+    out = subprocess.run(
+        ["unshare", "--user", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
     if out.returncode != 0 and "unshare" in out.stderr:
         pytest.skip(f"cannot make a user namespace here: {out.stderr.strip()}")
     assert out.stdout.strip() == "None", out.stderr
@@ -186,6 +207,7 @@ def test_privileged_port_log_names_the_permission_not_dcgm() -> None:
 
 
 # --- DNS -----------------------------------------------------------------------------------------
+
 
 def test_start_makes_no_name_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     # A resolver that never answers (here: a stub that records the call and sleeps, as a silent
@@ -198,6 +220,7 @@ def test_start_makes_no_name_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
             lookups.append(f"{name}{args[:1]}")
             time.sleep(3)
             raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
         return lookup
 
     def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
@@ -219,8 +242,9 @@ def test_start_makes_no_name_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
 def _netns_usable() -> str | None:
     if not (shutil.which("unshare") and shutil.which("ip")):
         return "needs unshare and ip (util-linux, iproute2)"
-    probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "--map-root-user", "true"], capture_output=True,
-                           check=False)
+    probe = subprocess.run(
+        ["unshare", "--net", "--uts", "--mount", "--map-root-user", "true"], capture_output=True, check=False
+    )
     return None if probe.returncode == 0 else f"cannot make a network namespace here: {probe.stderr.decode().strip()}"
 
 
@@ -230,7 +254,8 @@ def test_start_does_not_wait_on_a_silent_dns_server(tmp_path: Path) -> None:
     # a host name that is in no hosts file: the stdlib's getfqdn() waits for it (11 s before).
     (tmp_path / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:3 attempts:1\n")
     (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
-    (tmp_path / "job.py").write_text(textwrap.dedent("""
+    (tmp_path / "job.py").write_text(
+        textwrap.dedent("""
         import socket, sys, time
         dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         dns.bind(("127.0.0.1", 53))  # takes queries, answers none
@@ -245,13 +270,21 @@ def test_start_does_not_wait_on_a_silent_dns_server(tmp_path: Path) -> None:
         except OSError:
             pass
         print(f"{time.monotonic() - t0:.3f}", flush=True)  # the resolver really is silent
-    """))
-    script = (f"ip link set lo up && hostname memexporter-no-such-host && "
-              f"mount --bind {tmp_path / 'resolv.conf'} /etc/resolv.conf && mount --bind {tmp_path / 'hosts'} /etc/hosts && "
-              f"exec {sys.executable} {tmp_path / 'job.py'}")
-    out = subprocess.run(["unshare", "--net", "--uts", "--mount", "--map-root-user", "sh", "-c", script],
-                         capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         check=False)
+    """)
+    )
+    script = (
+        f"ip link set lo up && hostname memexporter-no-such-host && "
+        f"mount --bind {tmp_path / 'resolv.conf'} /etc/resolv.conf && mount --bind {tmp_path / 'hosts'} /etc/hosts && "
+        f"exec {sys.executable} {tmp_path / 'job.py'}"
+    )
+    out = subprocess.run(
+        ["unshare", "--net", "--uts", "--mount", "--map-root-user", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     start_line, lookup_line = out.stdout.split("\n")[:2]
     start_s, port = start_line.split()

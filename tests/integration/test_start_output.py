@@ -29,8 +29,15 @@ memexporter.start(port=0, addr="127.0.0.1").stop()  # a second start says it aga
 
 def run(mode: str) -> tuple[str, list[str]]:
     env = {k: v for k, v in module_env().items() if k != "MEMEXPORTER_STRICT"}
-    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=120, check=True,
-                         env=env, cwd=REPO_ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=env,
+        cwd=REPO_ROOT,
+    )
     return out.stdout.splitlines()[0], out.stderr.splitlines()
 
 

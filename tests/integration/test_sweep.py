@@ -47,8 +47,15 @@ SCRIPT = textwrap.dedent(
 
 def sweep(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     out_json = tmp_path / f"sweep-{time.monotonic_ns()}.json"
-    proc = subprocess.run([sys.executable, "-m", "memexporter", "sweep", "--json", str(out_json), *args],
-                          capture_output=True, text=True, timeout=timeout, env=module_env(), cwd=tmp_path, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "memexporter", "sweep", "--json", str(out_json), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=module_env(),
+        cwd=tmp_path,
+        check=False,
+    )
     assert out_json.exists(), proc.stdout + proc.stderr
     return proc, json.loads(out_json.read_text())
 
@@ -69,8 +76,23 @@ def test_peaks_fits_and_max_fit_on_a_script_of_known_memory(tmp_path: Path, scri
     # A limit halfway between batch=3 and batch=4: 1..3 fit, 4 goes over, 8 is never started.
     limit = base + 2.5 * UNIT_MIB
     plot, table_csv = tmp_path / "sweep.png", tmp_path / "sweep.csv"
-    proc, doc = sweep(tmp_path, "--grid", "batch=8,4,3,2,1", "--steps", "24", "--limit-mib", f"{limit:.1f}",
-                      "--csv", str(table_csv), "--plot", str(plot), "--", sys.executable, str(script), "{batch}")
+    proc, doc = sweep(
+        tmp_path,
+        "--grid",
+        "batch=8,4,3,2,1",
+        "--steps",
+        "24",
+        "--limit-mib",
+        f"{limit:.1f}",
+        "--csv",
+        str(table_csv),
+        "--plot",
+        str(plot),
+        "--",
+        sys.executable,
+        str(script),
+        "{batch}",
+    )
     assert proc.returncode == 0, proc.stderr
     runs = {r["params"]["batch"]: r for r in doc["runs"]}
     assert [r["params"]["batch"] for r in doc["runs"]] == [1, 2, 3, 4, 8]  # small to large
@@ -80,7 +102,11 @@ def test_peaks_fits_and_max_fit_on_a_script_of_known_memory(tmp_path: Path, scri
     growth = [(runs[b + 1]["peak_bytes"] - runs[b]["peak_bytes"]) / 2**20 for b in (1, 2, 3)]
     assert all(abs(g - UNIT_MIB) <= 0.2 * UNIT_MIB for g in growth), growth
     for b in (1, 2, 3, 4):
-        assert runs[b]["steps"] >= 24 and runs[b]["device"] == "cpu" and runs[b]["limit_bytes"] == round(float(f"{limit:.1f}") * 2**20)
+        assert (
+            runs[b]["steps"] >= 24
+            and runs[b]["device"] == "cpu"
+            and runs[b]["limit_bytes"] == round(float(f"{limit:.1f}") * 2**20)
+        )
         # The script sleeps 50 ms a step. Each step-count change is placed within half a poll gap,
         # and on a loaded 2-core box a gap can stretch from 100 ms to ~300: over 23 step intervals
         # that is 13 ms at most (over 7, as this test once used, it read 26 ms a step).
@@ -90,7 +116,9 @@ def test_peaks_fits_and_max_fit_on_a_script_of_known_memory(tmp_path: Path, scri
     assert doc["max_fit"]["predicted"] == 3, doc["max_fit"]  # the line reaches the limit at ~3.5
     assert abs(doc["max_fit"]["fit"]["slope_bytes_per_unit"] / 2**20 - UNIT_MIB) <= 0.2 * UNIT_MIB
     # The terminal table, the CSV and the plot.
-    assert "largest that fits, measured:  batch=3" in proc.stdout and "skipped (batch=4 ran out of memory)" in proc.stdout
+    assert (
+        "largest that fits, measured:  batch=3" in proc.stdout and "skipped (batch=4 ran out of memory)" in proc.stdout
+    )
     with table_csv.open() as fh:
         assert [row["fits"] for row in csv.DictReader(fh)] == ["True", "True", "True", "False", "False"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -99,9 +127,30 @@ def test_peaks_fits_and_max_fit_on_a_script_of_known_memory(tmp_path: Path, scri
 @pytest.mark.slow
 def test_ctrl_c_stops_the_child_and_writes_what_was_measured(tmp_path: Path, script: Path) -> None:
     pidfile, out_json = tmp_path / "child.pid", tmp_path / "partial.json"
-    proc = subprocess.Popen([sys.executable, "-m", "memexporter", "sweep", "--grid", "batch=1,2", "--steps", "100000",
-                             "--json", str(out_json), "--", sys.executable, str(script), "{batch}", str(pidfile)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=module_env(), cwd=tmp_path)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "memexporter",
+            "sweep",
+            "--grid",
+            "batch=1,2",
+            "--steps",
+            "100000",
+            "--json",
+            str(out_json),
+            "--",
+            sys.executable,
+            str(script),
+            "{batch}",
+            str(pidfile),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=module_env(),
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 120
         while not pidfile.exists():
@@ -131,33 +180,63 @@ def test_the_demo_out_of_the_box(tmp_path: Path) -> None:
     # this interpreter's module.
     # The demo would train 50 steps: the sweep ends it after 3. A step takes at least 50 ms: unpaced,
     # this tiny model runs all 50 in ~0.2 s on an idle machine, before two polls can time a step.
-    proc, doc = sweep(tmp_path, "--grid", "batch=2,8", "--steps", "3", "--", "memexporter", "demo", "--batch", "{batch}",
-                      "--steps", "50", "--step-interval", "0.05", "--layers", "1", "--d-model", "32", "--seq-len", "32")
+    proc, doc = sweep(
+        tmp_path,
+        "--grid",
+        "batch=2,8",
+        "--steps",
+        "3",
+        "--",
+        "memexporter",
+        "demo",
+        "--batch",
+        "{batch}",
+        "--steps",
+        "50",
+        "--step-interval",
+        "0.05",
+        "--layers",
+        "1",
+        "--d-model",
+        "32",
+        "--seq-len",
+        "32",
+    )
     assert proc.returncode == 0, proc.stderr
     small, large = doc["runs"]
     for run in (small, large):
         assert run["status"] == "ok" and run["fits"] is True and 3 <= run["steps"] < 50 and run["step_seconds"] > 0
         assert run["exit_code"] == 0  # the demo ends cleanly on the sweep's SIGINT
-        assert run["split_bytes"]["parameters"] > 0 and run["split_bytes"]["optimizer_state"] >= 2 * run["split_bytes"]["parameters"]
+        assert (
+            run["split_bytes"]["parameters"] > 0
+            and run["split_bytes"]["optimizer_state"] >= 2 * run["split_bytes"]["parameters"]
+        )
     assert small["split_bytes"]["parameters"] == large["split_bytes"]["parameters"]  # the same model
     ratio = large["split_bytes"]["activations"] / small["split_bytes"]["activations"]
     assert 3.2 <= ratio <= 4.8, ratio  # activations are linear in the batch: 8 / 2
     header = proc.stdout.splitlines()[0].split()
-    assert header[header.index("baseline") + 1:header.index("step")] == ["params", "grads", "optim", "activ"]
+    assert header[header.index("baseline") + 1 : header.index("step")] == ["params", "grads", "optim", "activ"]
 
 
-@pytest.mark.parametrize(("code", "reason"), [
-    ("raise MemoryError(f'cannot hold batch {sys.argv[1]}')", "out of memory: MemoryError: cannot hold batch 1"),
-    ("os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL, which the sweep did not send"),
-])
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("raise MemoryError(f'cannot hold batch {sys.argv[1]}')", "out of memory: MemoryError: cannot hold batch 1"),
+        ("os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL, which the sweep did not send"),
+    ],
+)
 def test_an_oom_before_the_first_step_skips_the_larger_sizes(tmp_path: Path, code: str, reason: str) -> None:
     # `python -c` children: no exporter and no torch, so these run in a fraction of a second.
-    proc, doc = sweep(tmp_path, "--grid", "batch=1,2,4", "--", sys.executable, "-c",
-                      f"import os, signal, sys\n{code}", "{batch}")
+    proc, doc = sweep(
+        tmp_path, "--grid", "batch=1,2,4", "--", sys.executable, "-c", f"import os, signal, sys\n{code}", "{batch}"
+    )
     assert proc.returncode == 0, proc.stderr
     first, *rest = doc["runs"]
     assert first["oom"] and first["fits"] is False and first["oom_reason"].startswith(reason), first["oom_reason"]
-    assert [(r["params"], r["skipped"], r["fits"]) for r in rest] == [({"batch": 2}, True, False), ({"batch": 4}, True, False)]
+    assert [(r["params"], r["skipped"], r["fits"]) for r in rest] == [
+        ({"batch": 2}, True, False),
+        ({"batch": 4}, True, False),
+    ]
     assert doc["max_fit"]["measured"] is None
 
 
@@ -177,19 +256,32 @@ def test_a_command_without_an_exporter_is_named(tmp_path: Path) -> None:
     assert doc["runs"][0]["fits"] is None
 
 
-
-STUBBORN = ("import os, signal, sys, time\n"
-            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
-            "time.sleep(120)\n")
+STUBBORN = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+    "time.sleep(120)\n"
+)
 
 
 def test_a_stuck_command_is_stopped_at_the_timeout_and_killed_after_the_grace(tmp_path: Path) -> None:
     # It ignores SIGINT and SIGTERM and never steps: SIGKILL ends it, and that SIGKILL is ours, not an OOM.
     started = time.monotonic()
-    proc, doc = sweep(tmp_path, "--grid", "n=1", "--timeout", "1", "--grace", "0.5", "--", sys.executable, "-c", STUBBORN,
-                      str(tmp_path / "pid-{n}"))
+    proc, doc = sweep(
+        tmp_path,
+        "--grid",
+        "n=1",
+        "--timeout",
+        "1",
+        "--grace",
+        "0.5",
+        "--",
+        sys.executable,
+        "-c",
+        STUBBORN,
+        str(tmp_path / "pid-{n}"),
+    )
     assert time.monotonic() - started < 30
     assert proc.returncode == 1 and "no training step within --timeout (1 s)" in proc.stderr
     (run,) = doc["runs"]
@@ -198,9 +290,28 @@ def test_a_stuck_command_is_stopped_at_the_timeout_and_killed_after_the_grace(tm
 
 def test_a_second_ctrl_c_kills_the_child_at_once(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
-    proc = subprocess.Popen([sys.executable, "-m", "memexporter", "sweep", "--grid", "n=1", "--grace", "60", "--", sys.executable,
-                             "-c", STUBBORN, str(pidfile) + "{n}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=module_env(), cwd=tmp_path)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "memexporter",
+            "sweep",
+            "--grid",
+            "n=1",
+            "--grace",
+            "60",
+            "--",
+            sys.executable,
+            "-c",
+            STUBBORN,
+            str(pidfile) + "{n}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=module_env(),
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "pid1").exists():
@@ -222,13 +333,15 @@ def test_a_second_ctrl_c_kills_the_child_at_once(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_run_that_fails_after_its_first_step_is_reported_and_the_sweep_goes_on(tmp_path: Path) -> None:
-    code = ("import sys, torch\n"
-            "model = torch.nn.Linear(2, 2)\n"
-            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-            "model(torch.ones(1, 2)).sum().backward()\n"
-            "opt.step()\n"
-            "import time; time.sleep(0.5)\n"  # long enough for a poll to see the step
-            "sys.exit(int(sys.argv[1]))\n")
+    code = (
+        "import sys, torch\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.ones(1, 2)).sum().backward()\n"
+        "opt.step()\n"
+        "import time; time.sleep(0.5)\n"  # long enough for a poll to see the step
+        "sys.exit(int(sys.argv[1]))\n"
+    )
     script = tmp_path / "crash.py"  # a file: the bootstrap leaves `python -c` alone
     script.write_text(code)
     proc, doc = sweep(tmp_path, "--grid", "code=3", "--", sys.executable, str(script), "{code}")
@@ -254,7 +367,8 @@ ENDS_EARLY = textwrap.dedent(
 
 
 def test_a_run_that_ends_by_itself_reports_its_module_rows_from_its_last_scrape(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The README's smallest sweep reported 0 bytes of gradients and optimizer state for runs that
     # ended between two reads of the module rows: those read before the first step (issue 27).
     from memexporter.sweep import child

@@ -37,8 +37,9 @@ class Terminal:
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 160, 0, 0))
-        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=REPO_ROOT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=REPO_ROOT, start_new_session=True
+        )
         os.close(slave)
         self.master, self.raw = master, b""
         threading.Thread(target=self._read, daemon=True).start()
@@ -77,17 +78,23 @@ class Terminal:
 def ranks(tmp_path: Path) -> Iterator[tuple[list[int], list[subprocess.Popen[bytes]]]]:
     ports = [free_port(), free_port()]
     with ExitStack() as stack:
-        procs = [stack.enter_context(running_demo(ports[0], *TINY, env={"RANK": "0"}, log=tmp_path / "r0.log")),
-                 stack.enter_context(running_demo(ports[1], *TINY, "--memory-limit-mib", "4096", env={"RANK": "1"},
-                                                   log=tmp_path / "r1.log"))]
+        procs = [
+            stack.enter_context(running_demo(ports[0], *TINY, env={"RANK": "0"}, log=tmp_path / "r0.log")),
+            stack.enter_context(
+                running_demo(ports[1], *TINY, "--memory-limit-mib", "4096", env={"RANK": "1"}, log=tmp_path / "r1.log")
+            ),
+        ]
         yield ports, procs
 
 
 def test_top_shows_both_ranks_worst_first_marks_a_killed_one_and_quits_on_q(
-        ranks: tuple[list[int], list[subprocess.Popen[bytes]]]) -> None:
+    ranks: tuple[list[int], list[subprocess.Popen[bytes]]],
+) -> None:
     ports, procs = ranks
-    term = Terminal([sys.executable, "-m", "memexporter", "top", "--interval", "1", *(f"127.0.0.1:{p}" for p in ports)],
-                    {**module_env(), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "60"})
+    term = Terminal(
+        [sys.executable, "-m", "memexporter", "top", "--interval", "1", *(f"127.0.0.1:{p}" for p in ports)],
+        {**module_env(), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "60"},
+    )
     try:
         frame = term.wait_for(r"rank 1 .*? cpu .*? rank 0 .*? cpu ")  # rank 1 holds more of its limit: first
         assert "Traceback" not in term.text

@@ -61,13 +61,16 @@ def test_two_ranks_dashboards_and_rank_imbalance_alert(tmp_path: Path) -> None:
         for rule_group in prom.rules():
             for rule in rule_group["rules"]:
                 assert rule["health"] != "err", f"{rule['name']}: {rule.get('lastError')}"
-        prom.wait_for('count(count_over_time(memexporter_memory_peak_bytes{job="memexporter"}[1m]) >= 5) == 2',
-                      timeout=60)
+        prom.wait_for(
+            'count(count_over_time(memexporter_memory_peak_bytes{job="memexporter"}[1m]) >= 5) == 2', timeout=60
+        )
 
         # Each rank is its own target and labels its series with its rank.
         info = prom.query('memexporter_process_info{job="memexporter"}')
         assert {(s["metric"]["rank"], s["metric"]["local_rank"], s["metric"]["world_size"]) for s in info} == {
-            ("0", "0", "2"), ("1", "1", "2")}
+            ("0", "0", "2"),
+            ("1", "1", "2"),
+        }
         assert {s["metric"]["instance"] for s in info} == set(targets)
 
         # The ranks dashboard answers for both ranks and points at rank 1.
@@ -87,8 +90,9 @@ def test_two_ranks_dashboards_and_rank_imbalance_alert(tmp_path: Path) -> None:
         # The alert fires for rank 1 only, and reaches the webhook through Alertmanager.
         firing = prom.wait_for(f'ALERTS{{alertname="{ALERT}", alertstate="firing"}}', timeout=150)
         assert {s["metric"]["rank"] for s in firing} == {"1"}
-        got = hook.wait_for(lambda p: p["status"] == "firing" and p["commonLabels"].get("alertname") == ALERT,
-                            timeout=30)
+        got = hook.wait_for(
+            lambda p: p["status"] == "firing" and p["commonLabels"].get("alertname") == ALERT, timeout=30
+        )
         assert [a["labels"]["rank"] for a in got.payload["alerts"]] == ["1"]
         assert got.time - started < 180
         assert torchrun.poll() is None, "torchrun exited during the test"

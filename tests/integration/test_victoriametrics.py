@@ -108,9 +108,13 @@ class Live:
 
     def expected(self, scope: str) -> list[Labels]:
         """The expected alerts of the leaking run in ``scope`` ("rank" or "run"), as Prometheus fired them."""
-        return [labels for labels in self.firing("prometheus") if dict(labels)["alertname"] in EXPECTED
-                and dict(labels).get("scope", "rank") == scope
-                and (dict(labels).get("instance") in self.leaking or dict(labels).get("run_id") == LEAKING_RUN)]
+        return [
+            labels
+            for labels in self.firing("prometheus")
+            if dict(labels)["alertname"] in EXPECTED
+            and dict(labels).get("scope", "rank") == scope
+            and (dict(labels).get("instance") in self.leaking or dict(labels).get("run_id") == LEAKING_RUN)
+        ]
 
     def missing(self, scope: str) -> list[Labels]:
         """Expected alerts of ``scope`` not fired yet: by Prometheus (each leaking demo for the
@@ -137,8 +141,10 @@ def _wait_for_both(live: Live) -> None:
         elapsed = time.time() - live.started
         if not live.missing("rank") and (not live.missing("run") or elapsed > RUN_DEADLINE_S):
             return
-        assert elapsed < DEADLINE_S, (f"after {DEADLINE_S} s, not fired: {live.missing('rank')}; seen:\n"
-                                      f"{_describe(live)}\n--- vmalert log ---\n{live.vmalert.log}")
+        assert elapsed < DEADLINE_S, (
+            f"after {DEADLINE_S} s, not fired: {live.missing('rank')}; seen:\n"
+            f"{_describe(live)}\n--- vmalert log ---\n{live.vmalert.log}"
+        )
         time.sleep(1)
 
 
@@ -146,11 +152,13 @@ def _start_replica(live: Live, stack: contextlib.ExitStack, overrides: dict[str,
     """A second vmalert with the same flags (an HA replica, or the first one restarted): it reads
     each alert's state back from VictoriaMetrics (-remoteRead.url), so the alerts that fire
     need not wait out their `for` again. Notes when it holds each expected one firing."""
-    replica = stack.enter_context(running_vmalert(live.vm.url, [live.rules], notifier_url=live.am.url,
-                                                  overrides=overrides))
+    replica = stack.enter_context(
+        running_vmalert(live.vm.url, [live.rules], notifier_url=live.am.url, overrides=overrides)
+    )
     begun = time.monotonic()
-    live.handed_over = set(live.expected("rank")) & {identity(a) for a in live.vmalert.alerts()
-                                                      if a["state"] == "firing"}
+    live.handed_over = set(live.expected("rank")) & {
+        identity(a) for a in live.vmalert.alerts() if a["state"] == "firing"
+    }
     while not live.handed_over <= set(live.replica) and time.monotonic() - begun < 20:
         for alert in replica.alerts():
             if alert["state"] == "firing":
@@ -202,10 +210,22 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     targets = [f"127.0.0.1:{port}" for port in ports]
     with contextlib.ExitStack() as stack:
         # The demos start together (torch's import is most of their start-up); ready below.
-        demos = [(stack.enter_context(running_command(
-            demo_argv(port, *args), env=module_env({"OMP_NUM_THREADS": "1", "MEMEXPORTER_RUN_ID": run_id}),
-            cwd=REPO_ROOT, log=tmp / f"demo-{port}.log", what=f"memexporter demo ({run_id})")), port, run_id)
-            for port, (args, run_id) in zip(ports, DEMOS, strict=True)]
+        demos = [
+            (
+                stack.enter_context(
+                    running_command(
+                        demo_argv(port, *args),
+                        env=module_env({"OMP_NUM_THREADS": "1", "MEMEXPORTER_RUN_ID": run_id}),
+                        cwd=REPO_ROOT,
+                        log=tmp / f"demo-{port}.log",
+                        what=f"memexporter demo ({run_id})",
+                    )
+                ),
+                port,
+                run_id,
+            )
+            for port, (args, run_id) in zip(ports, DEMOS, strict=True)
+        ]
         started = time.time()
         hook = stack.enter_context(WebhookReceiver())
         # One notification per alert (grouped by every label): two label sets for one alert would
@@ -241,8 +261,10 @@ def test_vmalert_fires_what_prometheus_fires(live: Live, record_property: Any) -
         # The same label set, nothing added (no alertgroup), or Alertmanager would not deduplicate.
         assert labels in vma, f"{name}: vmalert's labels differ from Prometheus' {dict(labels)}:\n{_describe(live)}"
         lag = vma[labels] - prom[labels]
-        print(f"{name} ({dict(labels)['instance']}): fired {prom[labels]:.0f} s after the start under Prometheus, "
-              f"{vma[labels]:.0f} s under vmalert ({lag:+.0f} s)")
+        print(
+            f"{name} ({dict(labels)['instance']}): fired {prom[labels]:.0f} s after the start under Prometheus, "
+            f"{vma[labels]:.0f} s under vmalert ({lag:+.0f} s)"
+        )
         record_property(f"{name}_{dict(labels)['instance']}_vmalert_lag_seconds", round(lag))
 
 
@@ -259,8 +281,10 @@ def test_run_wide_alerts_fire_under_vmalert(live: Live, record_property: Any) ->
     prom, vma = live.firing("prometheus"), live.firing("vmalert")
     for labels in live.expected("run"):
         name = dict(labels)["alertname"]
-        print(f"{name} (run {LEAKING_RUN}): fired {prom[labels]:.0f} s after the start under Prometheus, "
-              f"{vma[labels]:.0f} s under vmalert ({vma[labels] - prom[labels]:+.0f} s)")
+        print(
+            f"{name} (run {LEAKING_RUN}): fired {prom[labels]:.0f} s after the start under Prometheus, "
+            f"{vma[labels]:.0f} s under vmalert ({vma[labels] - prom[labels]:+.0f} s)"
+        )
         record_property(f"{name}_run_vmalert_lag_seconds", round(vma[labels] - prom[labels]))
 
 
@@ -270,16 +294,23 @@ def test_vmalert_fires_nothing_prometheus_does_not(live: Live) -> None:
     prom, vma = live.firing("prometheus"), live.firing("vmalert")
     extra = [dict(labels) for labels in vma if labels not in prom]
     assert not extra, f"firing under vmalert only: {extra}\n{_describe(live)}"
-    on_healthy = [dict(labels) for labels in [*prom, *vma] if dict(labels).get("instance") == live.healthy
-                  or dict(labels).get("run_id") == HEALTHY_RUN]
+    on_healthy = [
+        dict(labels)
+        for labels in [*prom, *vma]
+        if dict(labels).get("instance") == live.healthy or dict(labels).get("run_id") == HEALTHY_RUN
+    ]
     assert not on_healthy, f"alerts fired on the healthy run: {on_healthy}"
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group(LIVE)
 def test_vmalert_evaluates_every_rule_without_error(live: Live) -> None:
-    errors = {f"{g['name']}/{r['name']}": r["lastError"] for g in live.vmalert.rules() for r in g["rules"]
-              if r.get("lastError")}
+    errors = {
+        f"{g['name']}/{r['name']}": r["lastError"]
+        for g in live.vmalert.rules()
+        for r in g["rules"]
+        if r.get("lastError")
+    }
     assert not errors, f"vmalert's last evaluation failed for {len(errors)} rules: {errors}"
 
 
@@ -296,9 +327,11 @@ def test_alertmanager_sends_the_pairs_alert_once(live: Live) -> None:
         # Both evaluators sent it: Alertmanager kept one alert and took updates from each.
         sources = _senders(live, labels)
         assert sources == {"prometheus", "vmalert"}, f"{name}: updates seen from {sources} only"
-        notes = [r for r in live.hook.received
-                 if any(frozenset(a["labels"].items()) == labels and a["status"] == "firing"
-                        for a in r.payload["alerts"])]
+        notes = [
+            r
+            for r in live.hook.received
+            if any(frozenset(a["labels"].items()) == labels and a["status"] == "firing" for a in r.payload["alerts"])
+        ]
         assert len(notes) == 1, f"{name}: {len(notes)} firing notifications, expected one: {[r.payload for r in notes]}"
 
 
@@ -367,8 +400,10 @@ def test_dashboard_queries_answer_from_victoriametrics(live: Live) -> None:
         if q.instant:
             want, got = live.prom.query(q.expr), _safely(live.vm.query, q.expr)
         else:
-            want, got = (live.prom.query_range(q.expr, end - 60, end, "5s"),
-                         _safely(live.vm.query_range, q.expr, end - 60, end, "5s"))
+            want, got = (
+                live.prom.query_range(q.expr, end - 60, end, "5s"),
+                _safely(live.vm.query_range, q.expr, end - 60, end, "5s"),
+            )
         if isinstance(got, str):
             failed.append(f"{q.dashboard} / {q.panel} / {q.ref}: {got}")
         elif want and not got:
@@ -380,9 +415,11 @@ def test_dashboard_queries_answer_from_victoriametrics(live: Live) -> None:
         got = _safely(live.vm.query, q.expr)
         if isinstance(got, str):
             failed.append(f"{q.dashboard} / {q.panel} / {q.ref} ({len(q.expr)} bytes, 1,024 ranks ticked): {got}")
-    print(f"{len(queries)} dashboard queries against VictoriaMetrics: {len(failed)} rejected, {len(empty)} empty "
-          f"where Prometheus has data, {both_empty} empty on both (GPU or sharded-model panels on a CPU demo); "
-          f"the longest with 1,024 ranks ticked: {max(len(q.expr) for q in many)} bytes")
+    print(
+        f"{len(queries)} dashboard queries against VictoriaMetrics: {len(failed)} rejected, {len(empty)} empty "
+        f"where Prometheus has data, {both_empty} empty on both (GPU or sharded-model panels on a CPU demo); "
+        f"the longest with 1,024 ranks ticked: {max(len(q.expr) for q in many)} bytes"
+    )
     assert not failed, "VictoriaMetrics rejected:\n" + "\n".join(failed)
     assert not empty, "empty from VictoriaMetrics, data from Prometheus:\n" + "\n".join(empty)
 

@@ -41,12 +41,15 @@ def test_shipped_rules_load_in_vmalert(tmp_path: Path) -> None:
 def test_shipped_examples_are_valid() -> None:
     promtool = require("promtool")
     for config, mode in ((AGENT_CONFIG, ["--agent"]), (DEPLOY / "prometheus-remote-write.yml", [])):
-        run = subprocess.run([promtool, "check", "config", *mode, str(config)], capture_output=True, text=True,
-                             timeout=60, check=False)
+        run = subprocess.run(
+            [promtool, "check", "config", *mode, str(config)], capture_output=True, text=True, timeout=60, check=False
+        )
         assert run.returncode == 0, f"{config.name}: {run.stdout}{run.stderr}"
     # The remote-write example and the agent write where vmalert reads, Grafana reads there too.
-    writes = {yaml.safe_load(p.read_text())["remote_write"][0]["url"]
-              for p in (AGENT_CONFIG, DEPLOY / "prometheus-remote-write.yml")}
+    writes = {
+        yaml.safe_load(p.read_text())["remote_write"][0]["url"]
+        for p in (AGENT_CONFIG, DEPLOY / "prometheus-remote-write.yml")
+    }
     assert writes == {EXAMPLE_VM_URL + "/api/v1/write"}, writes
     (source,) = yaml.safe_load((DEPLOY / "grafana-datasource.yml").read_text())["datasources"]
     assert source["type"] == "prometheus" and source["url"] == EXAMPLE_VM_URL, source
@@ -73,6 +76,11 @@ def test_shipped_vmalert_flags_are_known_to_vmalert() -> None:
     (source,) = [a for a in args if a.startswith("-datasource.url=")]
     assert source.endswith("?nocache=1"), source
     rules = [f"-rule={p}" for p in sorted((REPO_ROOT / "alerts").glob("*.yml"))]
-    run = subprocess.run([require("vmalert"), "-dryRun", *[a for a in args if not a.startswith("-rule=")], *rules],
-                         capture_output=True, text=True, timeout=60, check=False)
+    run = subprocess.run(
+        [require("vmalert"), "-dryRun", *[a for a in args if not a.startswith("-rule=")], *rules],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 0, f"vmalert rejects the shipped flags:\n{run.stdout}{run.stderr}"

@@ -1,8 +1,8 @@
 """A real Alertmanager and a webhook receiver that records what it is sent.
 
-    with WebhookReceiver() as hook, running_alertmanager(webhook_url=hook.url) as am:
-        ...  # point Prometheus at am.url
-        hook.wait_for(lambda p: p["status"] == "firing", timeout=60)
+with WebhookReceiver() as hook, running_alertmanager(webhook_url=hook.url) as am:
+    ...  # point Prometheus at am.url
+    hook.wait_for(lambda p: p["status"] == "firing", timeout=60)
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ class WebhookReceiver:
         self._thread.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -108,10 +109,14 @@ class WebhookReceiver:
 def webhook_config(webhook_url: str, group_by: tuple[str, ...] = ("alertname",)) -> dict[str, Any]:
     """Route every alert to ``webhook_url`` quickly (group_wait 1s, group_interval 1s): for tests."""
     return {
-        "route": {"receiver": "webhook", "group_by": list(group_by), "group_wait": "1s",
-                  "group_interval": "1s", "repeat_interval": "1h"},
-        "receivers": [{"name": "webhook",
-                       "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+        "route": {
+            "receiver": "webhook",
+            "group_by": list(group_by),
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [{"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
     }
 
 
@@ -179,8 +184,16 @@ def running_alertmanager(
             config_file.write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
         port, proc = start_on_free_port(
             stack,
-            lambda port: [binary, f"--config.file={config_file}", f"--storage.path={workdir / 'data'}",
-                          f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-            "/-/ready", workdir / "alertmanager.log", what="alertmanager", timeout=startup_timeout,
+            lambda port: [
+                binary,
+                f"--config.file={config_file}",
+                f"--storage.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+            ],
+            "/-/ready",
+            workdir / "alertmanager.log",
+            what="alertmanager",
+            timeout=startup_timeout,
         )
         yield Alertmanager(f"http://127.0.0.1:{port}", workdir, proc)

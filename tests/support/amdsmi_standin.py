@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 
 AMDSMI_STATUS_NOT_SUPPORTED, AMDSMI_STATUS_NO_PERM, AMDSMI_STATUS_NOT_FOUND = 2, 10, 31
-_INFO = {2: "AMDSMI_STATUS_NOT_SUPPORTED - Feature not supported", 10: "AMDSMI_STATUS_NO_PERM - Permission Denied",
-         31: "AMDSMI_STATUS_NOT_FOUND - Device Not found"}
+_INFO = {
+    2: "AMDSMI_STATUS_NOT_SUPPORTED - Feature not supported",
+    10: "AMDSMI_STATUS_NO_PERM - Permission Denied",
+    31: "AMDSMI_STATUS_NOT_FOUND - Device Not found",
+}
 
 
 class AmdSmiException(Exception):
@@ -85,6 +88,7 @@ class AmdSmiStandIn:
                 if kind != AmdSmiMemoryType.VRAM:
                     raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
                 return int(h.gpu["memory"][f"vram_{key.replace('usage', 'used')}"])
+
             return read
 
         def processes(h: _Handle) -> list[dict[str, Any]]:
@@ -96,6 +100,7 @@ class AmdSmiStandIn:
                 self._check(name)
                 value = h.gpu[field]
                 return dict(value) if isinstance(value, dict) else value
+
             return read
 
         m.amdsmi_init = init  # type: ignore[attr-defined]

@@ -27,8 +27,12 @@ import torch.cuda.memory
 
 from tests.support.memory_stats import unflatten, zeros_like
 
-_ERRORS: dict[str, type[Exception]] = {"RuntimeError": RuntimeError, "AssertionError": AssertionError,
-                                       "ValueError": ValueError, "OSError": OSError}
+_ERRORS: dict[str, type[Exception]] = {
+    "RuntimeError": RuntimeError,
+    "AssertionError": AssertionError,
+    "ValueError": ValueError,
+    "OSError": OSError,
+}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -77,8 +81,12 @@ class TorchStandIn:
         first = next(iter(self.answers["devices"].values()))
         stats = first["memory_stats"]
         total = first["properties"]["total_memory"]
-        return {"properties": first["properties"], "memory_fraction": 1.0, "mem_get_info": [total, total],
-                "memory_stats": zeros_like(stats) if "raises" not in stats else stats}
+        return {
+            "properties": first["properties"],
+            "memory_fraction": 1.0,
+            "mem_get_info": [total, total],
+            "memory_stats": zeros_like(stats) if "raises" not in stats else stats,
+        }
 
     def _call(self, name: str, device: Any) -> dict[str, Any]:
         index = int(device)
@@ -103,8 +111,11 @@ class TorchStandIn:
         mp.setattr(torch.cuda, "device_count", lambda: a["device_count"])
         mp.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", nested)  # torch's memory_stats() calls this
         mp.setattr(torch.cuda, "memory_stats_as_nested_dict", nested)
-        mp.setattr(torch.cuda, "get_device_properties",
-                   lambda device=None: DeviceProperties(self._call("get_device_properties", device)["properties"]))
+        mp.setattr(
+            torch.cuda,
+            "get_device_properties",
+            lambda device=None: DeviceProperties(self._call("get_device_properties", device)["properties"]),
+        )
         mp.setattr(torch.cuda, "mem_get_info", mem_get_info)
         mp.setattr(torch._C, "_cuda_hasPrimaryContext", lambda i: i in self.contexts, raising=False)
         if a["allocator_backend"] is None:  # torch before get_allocator_backend()
@@ -114,10 +125,19 @@ class TorchStandIn:
         if all(d.get("memory_fraction") is None for d in a["devices"].values()):  # torch before the getter
             mp.delattr(torch.cuda, "get_per_process_memory_fraction", raising=False)
         else:
-            mp.setattr(torch.cuda, "get_per_process_memory_fraction",
-                       lambda device=None: float(replay(self._call("get_per_process_memory_fraction", device)["memory_fraction"])))
+            mp.setattr(
+                torch.cuda,
+                "get_per_process_memory_fraction",
+                lambda device=None: float(
+                    replay(self._call("get_per_process_memory_fraction", device)["memory_fraction"])
+                ),
+            )
         if "host_memory_stats" in a:
-            mp.setattr(torch.cuda, "host_memory_stats", lambda: dict(a["host_memory_stats"]) if a.get("initialized", True) else {})
+            mp.setattr(
+                torch.cuda,
+                "host_memory_stats",
+                lambda: dict(a["host_memory_stats"]) if a.get("initialized", True) else {},
+            )
         else:  # torch before 2.6
             mp.delattr(torch.cuda, "host_memory_stats", raising=False)
         mp.setattr(torch, "__version__", a["torch_version"])
@@ -129,4 +149,3 @@ class TorchStandIn:
 def no_nvml(mp: pytest.MonkeyPatch) -> None:
     """``pip install memexporter`` without the ``[nvml]`` extra: ``import pynvml`` fails."""
     mp.setitem(sys.modules, "pynvml", None)
-

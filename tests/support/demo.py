@@ -38,13 +38,24 @@ def demo_argv(port: int, *extra_args: str) -> list[str]:
 def torchrun_demo_argv(base_port: int, *extra_args: str, nproc: int = 2) -> list[str]:
     """``torchrun --standalone --nproc-per-node=N -m memexporter demo ...`` (rank r serves on
     ``base_port + LOCAL_RANK``; the demo joins a gloo process group when WORLD_SIZE > 1)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--module", "memexporter", *demo_args(base_port, *extra_args)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--module",
+        "memexporter",
+        *demo_args(base_port, *extra_args),
+    ]
 
 
 @contextlib.contextmanager
 def running_demo(
-    port: int, *extra_args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0,
+    port: int,
+    *extra_args: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
     log: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Start the CPU demo on ``127.0.0.1:port``; yield once ``/metrics`` answers 200, stop it after.
@@ -55,8 +66,13 @@ def running_demo(
     within ``timeout`` seconds.
     """
     with running_command(
-        demo_argv(port, *extra_args), [f"http://127.0.0.1:{port}/metrics"],
-        env=module_env(env), cwd=REPO_ROOT, timeout=timeout, what="memexporter demo", log=log,
+        demo_argv(port, *extra_args),
+        [f"http://127.0.0.1:{port}/metrics"],
+        env=module_env(env),
+        cwd=REPO_ROOT,
+        timeout=timeout,
+        what="memexporter demo",
+        log=log,
     ) as proc:
         yield proc
 
@@ -69,7 +85,11 @@ def running_torchrun_demo(
     (``base_port + LOCAL_RANK``) answers; stops torchrun and its workers afterwards."""
     urls = [f"http://127.0.0.1:{base_port + r}/metrics" for r in range(nproc)]
     with running_command(
-        torchrun_demo_argv(base_port, *extra_args, nproc=nproc), urls,
-        env=module_env(env), cwd=REPO_ROOT, timeout=timeout, what="torchrun memexporter demo",
+        torchrun_demo_argv(base_port, *extra_args, nproc=nproc),
+        urls,
+        env=module_env(env),
+        cwd=REPO_ROOT,
+        timeout=timeout,
+        what="torchrun memexporter demo",
     ) as proc:
         yield proc

@@ -22,12 +22,16 @@ import torch.xpu.memory
 from tests.support.cuda_standins import DeviceProperties, replay
 from tests.support.memory_stats import unflatten
 
-IGPU_FREE_MEMORY = ("RuntimeError: The device (Intel(R) Graphics [0xb080]) doesn't support querying the available free "
-                    "memory. You can file an issue at https://github.com/pytorch/pytorch/issues to help us prioritize "
-                    "its implementation.")
-MPS_BEFORE_2_13 = ('RuntimeError: device_allocator INTERNAL ASSERT FAILED at "/Users/runner/work/pytorch/pytorch/pytorch/'
-                   'c10/core/CachingDeviceAllocator.h":253, please report a bug to PyTorch. Allocator for mps is not a '
-                   'DeviceAllocator.')
+IGPU_FREE_MEMORY = (
+    "RuntimeError: The device (Intel(R) Graphics [0xb080]) doesn't support querying the available free "
+    "memory. You can file an issue at https://github.com/pytorch/pytorch/issues to help us prioritize "
+    "its implementation."
+)
+MPS_BEFORE_2_13 = (
+    'RuntimeError: device_allocator INTERNAL ASSERT FAILED at "/Users/runner/work/pytorch/pytorch/pytorch/'
+    'c10/core/CachingDeviceAllocator.h":253, please report a bug to PyTorch. Allocator for mps is not a '
+    "DeviceAllocator."
+)
 
 
 class XpuStandIn:
@@ -60,11 +64,19 @@ class XpuStandIn:
         mp.setattr(torch.xpu, "device_count", lambda: a["device_count"])
         mp.setattr(torch.xpu.memory, "memory_stats_as_nested_dict", nested)  # torch.xpu.memory_stats calls it
         mp.setattr(torch.xpu, "memory_stats_as_nested_dict", nested)
-        mp.setattr(torch.xpu, "get_device_properties",
-                   lambda device=None: DeviceProperties(self._device("get_device_properties", device)["properties"]))
+        mp.setattr(
+            torch.xpu,
+            "get_device_properties",
+            lambda device=None: DeviceProperties(self._device("get_device_properties", device)["properties"]),
+        )
         mp.setattr(torch.xpu, "mem_get_info", mem_get_info)
-        mp.setattr(torch.xpu, "get_per_process_memory_fraction",
-                   lambda device=None: float(replay(self._device("get_per_process_memory_fraction", device)["memory_fraction"])))
+        mp.setattr(
+            torch.xpu,
+            "get_per_process_memory_fraction",
+            lambda device=None: float(
+                replay(self._device("get_per_process_memory_fraction", device)["memory_fraction"])
+            ),
+        )
         mp.setattr(torch, "__version__", a["torch_version"])
         return self
 

@@ -12,11 +12,17 @@ from tests.support.memory_stats import FIELDS, PRIVATE_POOLS, STAT_ARRAYS
 
 # Contract metric -> memory_stats() key, and the ones cudaMallocAsync leaves at zero (DESIGN.md §4).
 ALLOCATOR_KEYS = {
-    "allocated_bytes": "allocated_bytes.all.current", "reserved_bytes": "reserved_bytes.all.current",
-    "active_bytes": "active_bytes.all.current", "inactive_split_bytes": "inactive_split_bytes.all.current",
-    "requested_bytes": "requested_bytes.all.current", "peak_allocated_bytes": "allocated_bytes.all.peak",
-    "peak_reserved_bytes": "reserved_bytes.all.peak", "alloc_retries_total": "num_alloc_retries",
-    "ooms_total": "num_ooms", "device_allocations_total": "num_device_alloc", "device_frees_total": "num_device_free",
+    "allocated_bytes": "allocated_bytes.all.current",
+    "reserved_bytes": "reserved_bytes.all.current",
+    "active_bytes": "active_bytes.all.current",
+    "inactive_split_bytes": "inactive_split_bytes.all.current",
+    "requested_bytes": "requested_bytes.all.current",
+    "peak_allocated_bytes": "allocated_bytes.all.peak",
+    "peak_reserved_bytes": "reserved_bytes.all.peak",
+    "alloc_retries_total": "num_alloc_retries",
+    "ooms_total": "num_ooms",
+    "device_allocations_total": "num_device_alloc",
+    "device_frees_total": "num_device_free",
 }
 ASYNC_MEASURED = {"allocated_bytes", "reserved_bytes", "active_bytes", "peak_allocated_bytes", "peak_reserved_bytes"}
 
@@ -25,8 +31,14 @@ def inconsistencies(stats: dict[str, int], backend: str) -> list[str]:
     """What is wrong with a flat ``memory_stats()`` answer, as a list of readable findings."""
     bad = []
     if backend == "cudaMallocAsync":
-        measured = {f"{k}.all.{f}" for k in ("allocated_bytes", "active_bytes", "reserved_bytes") for f in ("current", "peak")}
-        return [f"{k} = {v} under cudaMallocAsync" for k, v in stats.items() if v and k not in measured and k != "max_split_size"]
+        measured = {
+            f"{k}.all.{f}" for k in ("allocated_bytes", "active_bytes", "reserved_bytes") for f in ("current", "peak")
+        }
+        return [
+            f"{k} = {v} under cudaMallocAsync"
+            for k, v in stats.items()
+            if v and k not in measured and k != "max_split_size"
+        ]
     arrays = sorted({k.split(".")[0] for k in stats if k.count(".") == 2 and not k.startswith(PRIVATE_POOLS)})
     for name in arrays:
         s = {(pool, f): stats[f"{name}.{pool}.{f}"] for pool in ("all", "small_pool", "large_pool") for f in FIELDS}
@@ -38,11 +50,17 @@ def inconsistencies(stats: dict[str, int], backend: str) -> list[str]:
         for f in ("current", "allocated", "freed"):
             if s["all", f] != s["small_pool", f] + s["large_pool", f]:
                 bad.append(f"{name}.all.{f} != small_pool + large_pool")
-        if not max(s["small_pool", "peak"], s["large_pool", "peak"]) <= s["all", "peak"] <= s["small_pool", "peak"] + s["large_pool", "peak"]:
+        if (
+            not max(s["small_pool", "peak"], s["large_pool", "peak"])
+            <= s["all", "peak"]
+            <= s["small_pool", "peak"] + s["large_pool", "peak"]
+        ):
             bad.append(f"{name}.all.peak outside [max, sum] of the pools' peaks")
     for pool in ("small_pool", "large_pool"):
-        get = {n: stats.get(f"{n}.{pool}.current", 0) for n in ("allocated_bytes", "active_bytes", "reserved_bytes",
-                                                                  "inactive_split_bytes", "requested_bytes")}
+        get = {
+            n: stats.get(f"{n}.{pool}.current", 0)
+            for n in ("allocated_bytes", "active_bytes", "reserved_bytes", "inactive_split_bytes", "requested_bytes")
+        }
         if not get["allocated_bytes"] <= get["active_bytes"] <= get["reserved_bytes"]:
             bad.append(f"{pool}: not allocated <= active <= reserved")
         if get["inactive_split_bytes"] > get["reserved_bytes"] - get["active_bytes"]:

@@ -22,7 +22,7 @@ Report = dict[str, Any]
 def _send(fd: int, obj: object) -> None:
     data = (json.dumps(obj) + "\n").encode()
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _receive(fd: int, deadline: float) -> Report:
@@ -39,8 +39,12 @@ def _receive(fd: int, deadline: float) -> Report:
     return report
 
 
-def run_forked(at_fork: Callable[[], Report], in_parent: Callable[[], None],
-               afterwards: Callable[[], Report], timeout: float = 60.0) -> tuple[Report, Report]:
+def run_forked(
+    at_fork: Callable[[], Report],
+    in_parent: Callable[[], None],
+    afterwards: Callable[[], Report],
+    timeout: float = 60.0,
+) -> tuple[Report, Report]:
     """Fork. The child runs ``at_fork()`` and reports it; the parent then runs ``in_parent()``
     (while the child is alive and waiting); then the child runs ``afterwards()`` and reports that.
 

@@ -41,7 +41,9 @@ def _one_run(run: int, argv: list[str], out: str) -> None:
         reads["min_eta"] = min(reads["min_eta"], tight.oom_eta_seconds, est.oom_eta_seconds)
         if tight.leak_bytes_per_step != 0 or tight.oom_eta_seconds <= DAY or est.oom_eta_seconds <= DAY:
             step = points.steps[-1] if points.steps else 0
-            misreads.append([step, tight.leak_bytes_per_step / (1 << 20), min(tight.oom_eta_seconds, est.oom_eta_seconds)])
+            misreads.append(
+                [step, tight.leak_bytes_per_step / (1 << 20), min(tight.oom_eta_seconds, est.oom_eta_seconds)]
+            )
         return est
 
     setattr(demo, "estimate", observed)  # noqa: B010  # demo._status calls it after every step
@@ -51,9 +53,14 @@ def _one_run(run: int, argv: list[str], out: str) -> None:
     args = parser.parse_args(argv)
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # the demo's progress lines
     rc = demo.run(args)
-    line = {"run": run, "rc": rc, "steps": reads["steps"], "misreads": misreads,
-            "max_leak_mib": reads["max_leak"] / (1 << 20),
-            "min_eta_s": None if math.isinf(reads["min_eta"]) else reads["min_eta"]}
+    line = {
+        "run": run,
+        "rc": rc,
+        "steps": reads["steps"],
+        "misreads": misreads,
+        "max_leak_mib": reads["max_leak"] / (1 << 20),
+        "min_eta_s": None if math.isinf(reads["min_eta"]) else reads["min_eta"],
+    }
     with open(out, "w", encoding="utf-8") as f:
         json.dump(line, f)
 

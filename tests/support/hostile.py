@@ -24,8 +24,14 @@ class Trickler:
     closed_at: float | None = None
 
 
-def trickle(port: int, count: int, interval: float, duration: float, host: str = "127.0.0.1",
-            request: bytes = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: y\r\n" * 10_000) -> list[Trickler]:
+def trickle(
+    port: int,
+    count: int,
+    interval: float,
+    duration: float,
+    host: str = "127.0.0.1",
+    request: bytes = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: y\r\n" * 10_000,
+) -> list[Trickler]:
     """Open ``count`` connections (fewer when the server stops taking them) and send one byte of
     ``request`` on each every ``interval`` seconds, for ``duration`` seconds or until the server
     has closed them all."""
@@ -49,7 +55,7 @@ def trickle(port: int, count: int, interval: float, duration: float, host: str =
                 for c in clients:
                     if c.closed_at is None and c.sent < len(request):
                         try:
-                            c.sent += c.sock.send(request[c.sent:c.sent + 1])
+                            c.sent += c.sock.send(request[c.sent : c.sent + 1])
                         except BlockingIOError:
                             pass
                         except OSError:
@@ -130,8 +136,13 @@ def burst(port: int, count: int, path: str = "/healthz", host: str = "127.0.0.1"
     return result
 
 
-def _finish(sel: selectors.BaseSelector, state: dict[socket.socket, dict[str, object]], s: socket.socket,
-            result: BurstResult, status: bytes) -> None:
+def _finish(
+    sel: selectors.BaseSelector,
+    state: dict[socket.socket, dict[str, object]],
+    s: socket.socket,
+    result: BurstResult,
+    status: bytes,
+) -> None:
     st = state.pop(s)
     start = float(st["start"])  # type: ignore[arg-type]
     result.connect_s.append(float(st.get("connected", float("inf"))) - start)  # type: ignore[arg-type]

@@ -26,15 +26,39 @@ POOLS = ("all", "small_pool", "large_pool")
 FIELDS = ("current", "peak", "allocated", "freed")
 
 STAT_ARRAYS: dict[str, tuple[str, ...]] = {
-    "1.13": ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes", "active_bytes",
-             "inactive_split_bytes"),
-    "2.13": ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes", "active_bytes",
-             "inactive_split_bytes", "requested_bytes"),
+    "1.13": (
+        "allocation",
+        "segment",
+        "active",
+        "inactive_split",
+        "allocated_bytes",
+        "reserved_bytes",
+        "active_bytes",
+        "inactive_split_bytes",
+    ),
+    "2.13": (
+        "allocation",
+        "segment",
+        "active",
+        "inactive_split",
+        "allocated_bytes",
+        "reserved_bytes",
+        "active_bytes",
+        "inactive_split_bytes",
+        "requested_bytes",
+    ),
 }
 SCALARS: dict[str, tuple[str, ...]] = {
     "1.13": ("num_alloc_retries", "num_ooms", "max_split_size"),
-    "2.13": ("num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams", "num_device_alloc",
-             "num_device_free", "num_oom_rejections"),
+    "2.13": (
+        "num_alloc_retries",
+        "num_ooms",
+        "max_split_size",
+        "num_sync_all_streams",
+        "num_device_alloc",
+        "num_device_free",
+        "num_oom_rejections",
+    ),
 }
 SINGLE_STATS = ("oversize_allocations", "oversize_segments")
 PRIVATE_POOLS = "reserved_bytes_by_private_pools"  # 2.13 only
@@ -55,8 +79,12 @@ def array(small: Triple = (0, 0, 0), large: Triple = (0, 0, 0), peak: int = 0) -
     return {"all": total, "small_pool": s, "large_pool": lg}
 
 
-def nested(version: str, arrays: dict[str, dict[str, dict[str, int]]], scalars: dict[str, int],
-           private_pools: dict[tuple[int, int], dict[str, dict[str, int]]] | None = None) -> dict[Any, Any]:
+def nested(
+    version: str,
+    arrays: dict[str, dict[str, dict[str, int]]],
+    scalars: dict[str, int],
+    private_pools: dict[tuple[int, int], dict[str, dict[str, int]]] | None = None,
+) -> dict[Any, Any]:
     """A ``memory_stats_as_nested_dict()`` answer of ``version``'s shape; absent arrays are zeros."""
     unknown = set(arrays) - set(STAT_ARRAYS[version]) | set(scalars) - set(SCALARS[version])
     if unknown:
@@ -109,13 +137,17 @@ def host_memory_stats(held: int, active: int, blocks: int, active_blocks: int) -
     keys; torch/cuda/memory.py flattens and sorts them as memory_stats() does): ``held`` bytes in
     ``blocks`` pinned blocks (in use and cached), ``active`` bytes in ``active_blocks`` of them handed
     out. Timings in microseconds; ``avg`` is a float, the rest ints. torch before 2.6 has no such call."""
+
     def stat(current: int, grown: int) -> dict[str, int]:
         return {"current": current, "peak": grown, "allocated": grown, "freed": grown - current}
 
     nested_stats: dict[str, Any] = {
-        "allocations": stat(blocks, blocks + 3), "allocated_bytes": stat(held, held + held // 8),
-        "active_requests": stat(active_blocks, blocks), "active_bytes": stat(active, held),
-        "num_host_alloc": blocks + 3, "num_host_free": 3,
+        "allocations": stat(blocks, blocks + 3),
+        "allocated_bytes": stat(held, held + held // 8),
+        "active_requests": stat(active_blocks, blocks),
+        "active_bytes": stat(active, held),
+        "num_host_alloc": blocks + 3,
+        "num_host_free": 3,
         "host_alloc_time": {"total": 41822, "max": 9120, "min": 402, "count": blocks + 3, "avg": 41822 / (blocks + 3)},
         "host_free_time": {"total": 1210, "max": 611, "min": 288, "count": 3, "avg": 1210 / 3},
     }
@@ -128,13 +160,28 @@ XPU_STAT_ARRAYS: dict[str, tuple[str, ...]] = {
     # torch/csrc/xpu/Module.cpp THXPModule_memoryStats: four *_bytes arrays up to torch 2.10 ...
     "2.10": ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"),
     # ... and nine from 2.11 (pytorch/pytorch#169812); never any scalar or oversize stat.
-    "2.13": ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes", "active_bytes",
-             "inactive_split_bytes", "requested_bytes"),
+    "2.13": (
+        "allocation",
+        "segment",
+        "active",
+        "inactive_split",
+        "allocated_bytes",
+        "reserved_bytes",
+        "active_bytes",
+        "inactive_split_bytes",
+        "requested_bytes",
+    ),
 }
 # torch/csrc/DeviceAccelerator.cpp (torch.accelerator.memory_stats): every statistic of DeviceStats
 # but num_oom_rejections and the private pools; 122 flat keys, whatever the allocator fills.
-ACCELERATOR_SCALARS = ("num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams", "num_device_alloc",
-                       "num_device_free")
+ACCELERATOR_SCALARS = (
+    "num_alloc_retries",
+    "num_ooms",
+    "max_split_size",
+    "num_sync_all_streams",
+    "num_device_alloc",
+    "num_device_free",
+)
 
 
 def xpu_nested(version: str, arrays: dict[str, dict[str, dict[str, int]]]) -> dict[str, Any]:

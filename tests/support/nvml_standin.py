@@ -69,6 +69,7 @@ class NvmlStandIn:
             def wrapped(*args: Any) -> Any:
                 self.calls.append(fn.__name__)
                 return fn(*args)
+
             setattr(m, fn.__name__, wrapped)
             return wrapped
 
@@ -119,7 +120,9 @@ class NvmlStandIn:
                 info = pynvml.c_nvmlProcessInfo_v3_t(
                     pid=os.getpid() if p["pid"] == "self" else int(p["pid"]),
                     usedGpuMemory=pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if p["used"] is None else p["used"],
-                    gpuInstanceId=p["gpu_instance_id"], computeInstanceId=p["compute_instance_id"])
+                    gpuInstanceId=p["gpu_instance_id"],
+                    computeInstanceId=p["compute_instance_id"],
+                )
                 obj = pynvml.nvmlStructToFriendlyObject(info)
                 if obj.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
                     obj.usedGpuMemory = None  # as nvidia-ml-py's nvmlDeviceGetComputeRunningProcesses_v3 does

@@ -56,8 +56,10 @@ def metrics(r: Received) -> dict[str, Metric]:
 def points(m: Metric) -> list[tuple[dict[str, object], float]]:
     """``[(attributes, value)]`` of a gauge or sum."""
     data = getattr(m, m.WhichOneof("data"))
-    return [({a.key: value_of(a.value) for a in p.attributes}, p.as_double if p.HasField("as_double") else float(p.as_int))
-            for p in data.data_points]
+    return [
+        ({a.key: value_of(a.value) for a in p.attributes}, p.as_double if p.HasField("as_double") else float(p.as_int))
+        for p in data.data_points
+    ]
 
 
 @dataclass
@@ -76,8 +78,10 @@ class _Store:
             while not predicate(self.received):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"OTLP receiver: {what} not seen within {timeout:.0f} s "
-                                         f"({len(self.received)} requests received)")
+                    raise AssertionError(
+                        f"OTLP receiver: {what} not seen within {timeout:.0f} s "
+                        f"({len(self.received)} requests received)"
+                    )
                 self.cond.wait(left)
             return list(self.received)
 

@@ -23,11 +23,32 @@ if TYPE_CHECKING:
 
 # unit_namer.go / metric_namer.go: unitMap and perUnitMap.
 UNIT_MAP = {
-    "d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds", "us": "microseconds",
-    "ns": "nanoseconds", "By": "bytes", "KiBy": "kibibytes", "MiBy": "mebibytes", "GiBy": "gibibytes",
-    "TiBy": "tibibytes", "KBy": "kilobytes", "MBy": "megabytes", "GBy": "gigabytes", "TBy": "terabytes",
-    "m": "meters", "V": "volts", "A": "amperes", "J": "joules", "W": "watts", "g": "grams", "Cel": "celsius",
-    "Hz": "hertz", "1": "", "%": "percent",
+    "d": "days",
+    "h": "hours",
+    "min": "minutes",
+    "s": "seconds",
+    "ms": "milliseconds",
+    "us": "microseconds",
+    "ns": "nanoseconds",
+    "By": "bytes",
+    "KiBy": "kibibytes",
+    "MiBy": "mebibytes",
+    "GiBy": "gibibytes",
+    "TiBy": "tibibytes",
+    "KBy": "kilobytes",
+    "MBy": "megabytes",
+    "GBy": "gigabytes",
+    "TBy": "terabytes",
+    "m": "meters",
+    "V": "volts",
+    "A": "amperes",
+    "J": "joules",
+    "W": "watts",
+    "g": "grams",
+    "Cel": "celsius",
+    "Hz": "hertz",
+    "1": "",
+    "%": "percent",
 }
 PER_UNIT_MAP = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
 
@@ -102,7 +123,10 @@ def kind_of(metric: Metric) -> str:
 def families_read_by_shipped_queries() -> set[str]:
     """The metric families the shipped alert rules and Grafana dashboards read (recording rules,
     ``level:memexporter_...:op``, and their parts excluded)."""
-    files = [*sorted((REPO_ROOT / "alerts").glob("*.rules.yml")), *sorted((REPO_ROOT / "grafana/dashboards").glob("*.json"))]
+    files = [
+        *sorted((REPO_ROOT / "alerts").glob("*.rules.yml")),
+        *sorted((REPO_ROOT / "grafana/dashboards").glob("*.json")),
+    ]
     return _families_named_in(files)
 
 

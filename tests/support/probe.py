@@ -33,8 +33,9 @@ def duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60}m{s % 60}s"
 
 
-def firing(scenario: Path, test_name: str, rules: Path, end: float | None = None,
-           every: float | None = None) -> dict[tuple[str, str], list[float]]:
+def firing(
+    scenario: Path, test_name: str, rules: Path, end: float | None = None, every: float | None = None
+) -> dict[tuple[str, str], list[float]]:
     """``{(alertname, "instance rank device"): [seconds at which it was firing]}``."""
     doc = yaml.safe_load(scenario.read_text(encoding="utf-8"))
     (test,) = [t for t in doc["tests"] if t.get("name") == test_name]
@@ -42,27 +43,46 @@ def firing(scenario: Path, test_name: str, rules: Path, end: float | None = None
     interval = seconds(test.get("interval", doc.get("evaluation_interval", "1m")))
     if end is None:
         end = max(len(_expand(s["values"])) for s in test["input_series"]) * interval
-    names = [r["alert"] for g in yaml.safe_load(rules.read_text(encoding="utf-8"))["groups"]
-             for r in g["rules"] if "alert" in r]
+    names = [
+        r["alert"]
+        for g in yaml.safe_load(rules.read_text(encoding="utf-8"))["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    ]
     probe = {k: v for k, v in test.items() if k not in ("alert_rule_test", "promql_expr_test")}
-    probe["alert_rule_test"] = [{"eval_time": duration(k * step), "alertname": n, "exp_alerts": []}
-                                for k in range(int(end // step) + 1) for n in names]
+    probe["alert_rule_test"] = [
+        {"eval_time": duration(k * step), "alertname": n, "exp_alerts": []}
+        for k in range(int(end // step) + 1)
+        for n in names
+    ]
     out: dict[tuple[str, str], list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="memexporter-probe-") as tmp:
         path = Path(tmp) / "probe.yml"
-        path.write_text(yaml.safe_dump({"rule_files": [str(rules.resolve())], "evaluation_interval": duration(step),
-                                        "group_eval_order": doc.get("group_eval_order", []), "tests": [probe]},
-                                       sort_keys=False, width=1 << 20), encoding="utf-8")
-        result = subprocess.run([require("promtool"), "test", "rules", str(path)], capture_output=True, text=True,
-                                timeout=600, check=False)
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "rule_files": [str(rules.resolve())],
+                    "evaluation_interval": duration(step),
+                    "group_eval_order": doc.get("group_eval_order", []),
+                    "tests": [probe],
+                },
+                sort_keys=False,
+                width=1 << 20,
+            ),
+            encoding="utf-8",
+        )
+        result = subprocess.run(
+            [require("promtool"), "test", "rules", str(path)], capture_output=True, text=True, timeout=600, check=False
+        )
     current: tuple[str, float] | None = None
     for line in (result.stdout + result.stderr).splitlines():
         if (head := _HEADER.search(line)) is not None:
             current = (head.group(1), seconds(head.group(2)))
         elif current is not None and (labels := _LABELS.search(line)) is not None:
             lab = dict(_LABEL.findall(labels.group(1)))
-            out[(current[0], f"{lab.get('instance', '')} {lab.get('rank', '')} {lab.get('device', '')}".strip())].append(
-                current[1])
+            out[
+                (current[0], f"{lab.get('instance', '')} {lab.get('rank', '')} {lab.get('device', '')}".strip())
+            ].append(current[1])
     return dict(out)
 
 
@@ -79,20 +99,69 @@ def _expand(values: str) -> list[str]:
 # The lead times issue 9 asks for: (what, scenario file, test name, preset, alert, event seconds,
 # "before" (the alert must fire this long before the event) or "after" (within this long after)).
 LEAD_TIMES: list[tuple[str, str, str, str, str, float, str]] = [
-    ("young job: warning before the OOM", "alerts/tests/young_job.yml",
-     "young job leaking from its warm-up, and a healthy young job", "default", "MemexporterOOMPredicted", 3615, "before"),
-    ("young job: page before the OOM", "alerts/tests/young_job.yml",
-     "young job leaking from its warm-up, and a healthy young job", "default", "MemexporterOOMImminent", 3615, "before"),
-    ("young job: MemoryLeak after the leak's start", "alerts/tests/young_job.yml",
-     "young job leaking from its warm-up, and a healthy young job", "default", "MemexporterMemoryLeak", 300, "after"),
-    ("3-hour leak: warning before the OOM", "alerts/tests/oom_forecast.yml",
-     "linear leak reaching the limit after 3 h", "default", "MemexporterOOMPredicted", 10800, "before"),
-    ("3-hour leak: page before the OOM", "alerts/tests/oom_forecast.yml",
-     "linear leak reaching the limit after 3 h", "default", "MemexporterOOMImminent", 10800, "before"),
-    ("3-hour leak: MemoryLeak after the leak's start", "alerts/tests/oom_forecast.yml",
-     "linear leak reaching the limit after 3 h", "default", "MemexporterMemoryLeak", 300, "after"),
-    ("demo (promtool): warning before the stop", "tests/promtool/demo_young.yml",
-     "the demo leaking from its first step", "demo", "MemexporterOOMPredicted", 169.6, "before"),
+    (
+        "young job: warning before the OOM",
+        "alerts/tests/young_job.yml",
+        "young job leaking from its warm-up, and a healthy young job",
+        "default",
+        "MemexporterOOMPredicted",
+        3615,
+        "before",
+    ),
+    (
+        "young job: page before the OOM",
+        "alerts/tests/young_job.yml",
+        "young job leaking from its warm-up, and a healthy young job",
+        "default",
+        "MemexporterOOMImminent",
+        3615,
+        "before",
+    ),
+    (
+        "young job: MemoryLeak after the leak's start",
+        "alerts/tests/young_job.yml",
+        "young job leaking from its warm-up, and a healthy young job",
+        "default",
+        "MemexporterMemoryLeak",
+        300,
+        "after",
+    ),
+    (
+        "3-hour leak: warning before the OOM",
+        "alerts/tests/oom_forecast.yml",
+        "linear leak reaching the limit after 3 h",
+        "default",
+        "MemexporterOOMPredicted",
+        10800,
+        "before",
+    ),
+    (
+        "3-hour leak: page before the OOM",
+        "alerts/tests/oom_forecast.yml",
+        "linear leak reaching the limit after 3 h",
+        "default",
+        "MemexporterOOMImminent",
+        10800,
+        "before",
+    ),
+    (
+        "3-hour leak: MemoryLeak after the leak's start",
+        "alerts/tests/oom_forecast.yml",
+        "linear leak reaching the limit after 3 h",
+        "default",
+        "MemexporterMemoryLeak",
+        300,
+        "after",
+    ),
+    (
+        "demo (promtool): warning before the stop",
+        "tests/promtool/demo_young.yml",
+        "the demo leaking from its first step",
+        "demo",
+        "MemexporterOOMPredicted",
+        169.6,
+        "before",
+    ),
 ]
 
 

@@ -49,11 +49,15 @@ def wait_ready(proc: subprocess.Popen[bytes], urls: Sequence[str], timeout: floa
     pending, last = list(urls), ""
     while pending:
         if proc.poll() is not None:
-            raise ProcessError(f"{what} exited with code {proc.returncode} before {pending[0]} answered.\n"
-                               f"--- output ({log}) ---\n{tail(log)}")
+            raise ProcessError(
+                f"{what} exited with code {proc.returncode} before {pending[0]} answered.\n"
+                f"--- output ({log}) ---\n{tail(log)}"
+            )
         if time.monotonic() > deadline:
-            raise ProcessError(f"{what} not ready after {timeout:.0f} s: {pending[0]} answered {last!r}.\n"
-                               f"--- output ({log}) ---\n{tail(log)}")
+            raise ProcessError(
+                f"{what} not ready after {timeout:.0f} s: {pending[0]} answered {last!r}.\n"
+                f"--- output ({log}) ---\n{tail(log)}"
+            )
         last = http_status(pending[0])
         if last == "200":
             pending.pop(0)
@@ -96,8 +100,13 @@ def running_command(
             log = folder / "output.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+                list(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                start_new_session=True,
             )
         try:
             wait_ready(proc, ready_urls, timeout, log, what)
@@ -122,8 +131,9 @@ def start_on_free_port(
         port = free_port()
         try:
             proc = stack.enter_context(
-                running_command(argv_for(port), [f"http://127.0.0.1:{port}{ready_path}"], timeout=timeout,
-                                log=log, what=what)
+                running_command(
+                    argv_for(port), [f"http://127.0.0.1:{port}{ready_path}"], timeout=timeout, log=log, what=what
+                )
             )
         except ProcessError as err:
             if attempt + 1 == attempts or "address already in use" not in str(err):

@@ -87,8 +87,12 @@ class Progress:
             self.started.pop(report.nodeid, None)
             spent, outcome = self.spent.pop(report.nodeid, 0.0), self.outcome.pop(report.nodeid, "passed")
         # The controller (or the only process) reports the slow tests that finished.
-        if (self.worker is None and "slow" in report.keywords and (spent >= QUIET_S or outcome == "failed")
-                and (tr := self._terminal()) is not None):
+        if (
+            self.worker is None
+            and "slow" in report.keywords
+            and (spent >= QUIET_S or outcome == "failed")
+            and (tr := self._terminal()) is not None
+        ):
             node = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
             self._line(tr, f"[slow] {outcome} {report.nodeid} in {_clock(spent)}" + (f" ({node})" if node else ""))
 

@@ -73,7 +73,10 @@ class QueryApi:
         return list(data["result"])
 
     def wait_for(
-        self, expr: str, timeout: float = 30.0, predicate: Callable[[list[Sample]], bool] = bool,
+        self,
+        expr: str,
+        timeout: float = 30.0,
+        predicate: Callable[[list[Sample]], bool] = bool,
         interval: float = 0.5,
     ) -> list[Sample]:
         """Poll ``expr`` until ``predicate(result)`` (default: non-empty); the last result, or
@@ -84,8 +87,9 @@ class QueryApi:
             if predicate(result):
                 return result
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{expr!r} not satisfied after {timeout:.0f} s; last result {result}"
-                                   f"{self._unsatisfied()}")
+                raise TimeoutError(
+                    f"{expr!r} not satisfied after {timeout:.0f} s; last result {result}{self._unsatisfied()}"
+                )
             time.sleep(interval)
 
     def _unsatisfied(self) -> str:
@@ -121,8 +125,10 @@ class Prometheus(QueryApi):
             if targets and all(t["health"] == "up" for t in targets):
                 return targets
             if time.monotonic() > deadline:
-                raise TimeoutError(f"targets not up after {timeout:.0f} s: "
-                                   f"{[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}")
+                raise TimeoutError(
+                    f"targets not up after {timeout:.0f} s: "
+                    f"{[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}"
+                )
             time.sleep(0.5)
 
     def alerts(self) -> list[dict[str, Any]]:
@@ -136,8 +142,11 @@ class Prometheus(QueryApi):
 
 def _am_config(url: str) -> dict[str, Any]:
     parts = urllib.parse.urlsplit(url)
-    am: dict[str, Any] = {"scheme": parts.scheme or "http", "static_configs": [{"targets": [parts.netloc]}],
-                          "api_version": "v2"}
+    am: dict[str, Any] = {
+        "scheme": parts.scheme or "http",
+        "static_configs": [{"targets": [parts.netloc]}],
+        "api_version": "v2",
+    }
     if parts.path.strip("/"):
         am["path_prefix"] = parts.path
     return {"alertmanagers": [am]}
@@ -156,8 +165,11 @@ def prometheus_config(
     """The config ``running_prometheus`` writes: one static job (``job``) for ``targets``."""
     config: dict[str, Any] = {
         # scrape_timeout defaults to 10s, which must not exceed a 1s scrape interval.
-        "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval,
-                   "evaluation_interval": evaluation_interval},
+        "global": {
+            "scrape_interval": scrape_interval,
+            "scrape_timeout": scrape_interval,
+            "evaluation_interval": evaluation_interval,
+        },
         "rule_files": [str(Path(f).resolve()) for f in rule_files],
         "scrape_configs": [{"job_name": job, "static_configs": [{"targets": list(targets)}]}] if targets else [],
     }
@@ -190,8 +202,13 @@ def running_prometheus(
     """
     binary = require("prometheus")
     config = prometheus_config(
-        targets, rule_files, alertmanager_url=alertmanager_url, scrape_interval=scrape_interval,
-        evaluation_interval=evaluation_interval, extra_scrape_configs=extra_scrape_configs, job=job,
+        targets,
+        rule_files,
+        alertmanager_url=alertmanager_url,
+        scrape_interval=scrape_interval,
+        evaluation_interval=evaluation_interval,
+        extra_scrape_configs=extra_scrape_configs,
+        job=job,
     )
     with tempfile.TemporaryDirectory(prefix="memexporter-prometheus-") as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
@@ -199,9 +216,17 @@ def running_prometheus(
         config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         port, proc = start_on_free_port(
             stack,
-            lambda port: [binary, f"--config.file={config_file}", f"--storage.tsdb.path={workdir / 'data'}",
-                          f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle",
-                          f"--rules.alert.resend-delay={resend_delay}"],
-            "/-/ready", workdir / "prometheus.log", what="prometheus", timeout=startup_timeout,
+            lambda port: [
+                binary,
+                f"--config.file={config_file}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--web.enable-lifecycle",
+                f"--rules.alert.resend-delay={resend_delay}",
+            ],
+            "/-/ready",
+            workdir / "prometheus.log",
+            what="prometheus",
+            timeout=startup_timeout,
         )
         yield Prometheus(f"http://127.0.0.1:{port}", workdir, config, proc)

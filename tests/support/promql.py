@@ -15,8 +15,24 @@ import yaml
 from tests.support.binaries import require
 
 # Keywords and modifiers that look like identifiers but are not metric names.
-KEYWORDS = frozenset({"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
-                      "bool", "offset", "inf", "nan", "atan2"})
+KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "offset",
+        "inf",
+        "nan",
+        "atan2",
+    }
+)
 BUILTINS = frozenset({"ALERTS", "ALERTS_FOR_STATE", "up", "scrape_duration_seconds", "scrape_samples_scraped"})
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
@@ -28,7 +44,11 @@ _IDENT = re.compile(r"(?<![\w.$:])([A-Za-z_:][\w:]*)(?![\w:])(?!\s*\()")
 # What Grafana would put in place of its variables when the dashboard runs, for parsing and for
 # queries against a test Prometheus (job and instance "All" is ".+", rates use 1m windows).
 GRAFANA_DEFAULTS: Mapping[str, str] = {
-    "__rate_interval": "1m", "__interval": "15s", "__range": "1h", "__range_s": "3600", "topk": "10",
+    "__rate_interval": "1m",
+    "__interval": "15s",
+    "__range": "1h",
+    "__range_s": "3600",
+    "topk": "10",
 }
 
 
@@ -68,8 +88,9 @@ def promtool_check_exprs(exprs: Mapping[str, str]) -> subprocess.CompletedProces
     with tempfile.TemporaryDirectory(prefix="memexporter-promql-") as tmp:
         path = Path(tmp) / "exprs.rules.yml"
         path.write_text(yaml.safe_dump(rules_document(exprs), sort_keys=False), encoding="utf-8")
-        return subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True,
-                              timeout=60, check=False)
+        return subprocess.run(
+            [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False
+        )
 
 
 def rule_exprs(paths: Iterable[Path]) -> dict[str, str]:

@@ -43,7 +43,7 @@ RUN_INFO = "memexporter_run_info"
 # table: what an exporter that does not filter its own output (the --before one) must lose.
 CONTRACT_DETAIL = frozenset(s.name for s in SPECS if s.detail and not s.name.startswith("memexporter_module_"))
 AUTOMATIC_PHASES = ("forward", "backward", "optimizer")
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?")
 
 
 def generate(world: int, rank: int, run_id: str, source: Path | None = None, timeout: float = 300.0) -> dict[str, Any]:
@@ -51,10 +51,20 @@ def generate(world: int, rank: int, run_id: str, source: Path | None = None, tim
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMEXPORTER_")}
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (source, REPO_ROOT) if p is not None)
     env.update({"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
-    argv = [sys.executable, "-m", "tests.support.rank_exposition", "--world", str(world), "--rank", str(rank),
-            "--run-id", run_id]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=source or REPO_ROOT, timeout=timeout,
-                          check=False)
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.support.rank_exposition",
+        "--world",
+        str(world),
+        "--rank",
+        str(rank),
+        "--run-id",
+        run_id,
+    ]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env=env, cwd=source or REPO_ROOT, timeout=timeout, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"rank_exposition failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout)  # type: ignore[no-any-return]
@@ -66,8 +76,9 @@ def expositions(before: bool, world: int, run_id: str) -> dict[str, dict[str, An
     ``representative`` (rank 0) and ``core`` (rank 8) from there up."""
     if before:
         with tempfile.TemporaryDirectory(prefix="memexporter-before-") as tmp:
-            archive = subprocess.run(["git", "archive", BEFORE, "memexporter"], cwd=REPO_ROOT, check=True,
-                                     capture_output=True).stdout
+            archive = subprocess.run(
+                ["git", "archive", BEFORE, "memexporter"], cwd=REPO_ROOT, check=True, capture_output=True
+            ).stdout
             subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
             return {"before": generate(world, 0, run_id, source=Path(tmp))}
     if world < DETAIL_WORLD:
@@ -93,9 +104,11 @@ def core_only(text: str, detail: frozenset[str] = CONTRACT_DETAIL) -> str:
 def with_run_info(text: str, rank: int, run_id: str, detail: str) -> str:
     """The contract's ``memexporter_run_info`` row added (a gauge of 1, as ``build_info``), before
     OpenMetrics' ``# EOF``: for an exporter that has no such row yet."""
-    rows = (f"# HELP {RUN_INFO} The training run this rank belongs to (added by the rank simulator).\n"
-            f"# TYPE {RUN_INFO} gauge\n"
-            f'{RUN_INFO}{{detail="{detail}",rank="{rank}",run_id="{run_id}",run_id_source="memexporter"}} 1.0\n')
+    rows = (
+        f"# HELP {RUN_INFO} The training run this rank belongs to (added by the rank simulator).\n"
+        f"# TYPE {RUN_INFO} gauge\n"
+        f'{RUN_INFO}{{detail="{detail}",rank="{rank}",run_id="{run_id}",run_id_source="memexporter"}} 1.0\n'
+    )
     head, eof, _ = text.partition("# EOF")
     return head + rows + eof + ("\n" if eof else "")
 
@@ -127,8 +140,14 @@ def main() -> None:
     p.add_argument("--run-id", required=True)
     p.add_argument("--steps", type=int, default=5)
     args = p.parse_args()
-    os.environ.update({"WORLD_SIZE": str(args.world), "RANK": str(args.rank), "LOCAL_RANK": str(args.rank % LOCAL_WORLD),
-                       "LOCAL_WORLD_SIZE": str(LOCAL_WORLD)})
+    os.environ.update(
+        {
+            "WORLD_SIZE": str(args.world),
+            "RANK": str(args.rank),
+            "LOCAL_RANK": str(args.rank % LOCAL_WORLD),
+            "LOCAL_WORLD_SIZE": str(LOCAL_WORLD),
+        }
+    )
     import pytest
     import torch
 
@@ -159,9 +178,14 @@ def main() -> None:
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
     url = exp.url or ""
-    out = {"openmetrics": _scrape(url, "application/openmetrics-text; version=1.0.0"),
-           "text": _scrape(url, "text/plain; version=0.0.4"), "own_filter": own, "world": args.world,
-           "rank": args.rank, "synthetic": "cuda:0 answers from the SYNTHETIC fixture " + FIXTURE}
+    out = {
+        "openmetrics": _scrape(url, "application/openmetrics-text; version=1.0.0"),
+        "text": _scrape(url, "text/plain; version=0.0.4"),
+        "own_filter": own,
+        "world": args.world,
+        "rank": args.rank,
+        "synthetic": "cuda:0 answers from the SYNTHETIC fixture " + FIXTURE,
+    }
     memexporter.stop()
     mp.undo()
     json.dump(out, sys.stdout)

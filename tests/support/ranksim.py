@@ -33,13 +33,31 @@ MiB = 1 << 20
 STEP_COUNTERS = frozenset({"memexporter_steps_total", "memexporter_phase_completed_total"})
 STEP_TIMES = frozenset({"memexporter_last_step_timestamp_seconds", "memexporter_phase_last_change_timestamp_seconds"})
 # cuda:0 series that move with the rank's memory (+1) or against it (-1: free bytes).
-FOLLOWS = {f"memexporter_{n}": 1 for n in (
-    "memory_used_bytes", "memory_peak_bytes", "memory_baseline_bytes", "allocator_allocated_bytes",
-    "allocator_active_bytes", "allocator_requested_bytes", "allocator_reserved_bytes",
-    "allocator_peak_allocated_bytes", "allocator_peak_reserved_bytes", "device_used_bytes", "phase_peak_bytes")}
+FOLLOWS = {
+    f"memexporter_{n}": 1
+    for n in (
+        "memory_used_bytes",
+        "memory_peak_bytes",
+        "memory_baseline_bytes",
+        "allocator_allocated_bytes",
+        "allocator_active_bytes",
+        "allocator_requested_bytes",
+        "allocator_reserved_bytes",
+        "allocator_peak_allocated_bytes",
+        "allocator_peak_reserved_bytes",
+        "device_used_bytes",
+        "phase_peak_bytes",
+    )
+}
 FOLLOWS["memexporter_device_free_bytes"] = -1
-CPU_FOLLOWS = frozenset({"memexporter_memory_used_bytes", "memexporter_memory_peak_bytes",
-                         "memexporter_memory_baseline_bytes", "memexporter_host_rss_bytes"})
+CPU_FOLLOWS = frozenset(
+    {
+        "memexporter_memory_used_bytes",
+        "memexporter_memory_peak_bytes",
+        "memexporter_memory_baseline_bytes",
+        "memexporter_host_rss_bytes",
+    }
+)
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_]\w*)="((?:[^"\\]|\\.)*)"')
 
@@ -83,8 +101,11 @@ class Template:
             lines: list[str | tuple[str, dict[str, str], float]] = []
             for line in made["openmetrics" if om else "text"].splitlines():
                 m = _LINE.match(line)
-                lines.append(line if line.startswith("#") or m is None else
-                             (m.group(1), dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))))
+                lines.append(
+                    line
+                    if line.startswith("#") or m is None
+                    else (m.group(1), dict(_LABEL.findall(m.group(2) or "")), float(m.group(3)))
+                )
             formats[om] = lines
         return cls(kind, int(made["rank"]), formats)
 
@@ -121,8 +142,9 @@ class RankSim:
         """Leak on every rank, none, or one rank (others stop), from ``start`` (default now). Safe
         while serving: the caches are replaced, not cleared under a reader."""
         began = time.time() if start is None else start
-        self.leaks = ({} if which == "none" else {r: began for r in range(self.ranks)} if which == "all"
-                      else {int(which): began})
+        self.leaks = (
+            {} if which == "none" else {r: began for r in range(self.ranks)} if which == "all" else {int(which): began}
+        )
         self._compiled, self._bodies = {}, {}
 
     def offset(self, r: int) -> float:
@@ -161,8 +183,13 @@ class RankSim:
     def relabel(self, labels: Mapping[str, str], r: int, tpl: Template) -> dict[str, str]:
         """The labels of rank ``r``: what names the rank, its node and its GPU, substituted."""
         out = dict(labels)
-        swaps = {"rank": str(r), "local_rank": str(r % LOCAL_WORLD), "world_size": str(self.ranks),
-                 "hostname": f"node-{r // LOCAL_WORLD:03d}", "run_id": self.run_id}
+        swaps = {
+            "rank": str(r),
+            "local_rank": str(r % LOCAL_WORLD),
+            "world_size": str(self.ranks),
+            "hostname": f"node-{r // LOCAL_WORLD:03d}",
+            "run_id": self.run_id,
+        }
         for key, new in swaps.items():
             if key in out:
                 out[key] = new

@@ -51,9 +51,11 @@ def ensure_fd_limit(needed: int) -> None:
     target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
     resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     if target < needed:
-        raise RuntimeError(f"the rank simulator needs about {needed} open files (a listening socket and a "
-                           f"scrape connection per rank) but the hard limit is {hard}: raise it "
-                           f"(ulimit -Hn {needed} as root, or LimitNOFILE=) and run again with ulimit -n {needed}")
+        raise RuntimeError(
+            f"the rank simulator needs about {needed} open files (a listening socket and a "
+            f"scrape connection per rank) but the hard limit is {hard}: raise it "
+            f"(ulimit -Hn {needed} as root, or LimitNOFILE=) and run again with ulimit -n {needed}"
+        )
 
 
 def bind_block(count: int, host: str = "127.0.0.1", attempts: int = 50) -> list[socket.socket]:
@@ -102,8 +104,10 @@ class RankServers:
 
     def start(self) -> None:
         async def listen() -> list[asyncio.base_events.Server]:
-            return [await asyncio.start_server(functools.partial(self._serve, rank), sock=s)
-                    for rank, s in enumerate(self._socks)]
+            return [
+                await asyncio.start_server(functools.partial(self._serve, rank), sock=s)
+                for rank, s in enumerate(self._socks)
+            ]
 
         self._thread.start()
         self._servers = asyncio.run_coroutine_threadsafe(listen(), self._loop).result(timeout=60)
@@ -138,9 +142,12 @@ class RankServers:
                 gz = "gzip" in headers.get("accept-encoding", "")
                 body = self.sim.body(rank, om, gz)
                 self.requests[rank] += 1
-                writer.write(f"HTTP/1.1 200 OK\r\nContent-Type: {OPENMETRICS if om else TEXT}\r\n"
-                             f"{'Content-Encoding: gzip' + chr(13) + chr(10) if gz else ''}"
-                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                writer.write(
+                    f"HTTP/1.1 200 OK\r\nContent-Type: {OPENMETRICS if om else TEXT}\r\n"
+                    f"{'Content-Encoding: gzip' + chr(13) + chr(10) if gz else ''}"
+                    f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
                 await writer.drain()
                 if headers.get("connection", "").lower() == "close":
                     break
@@ -161,8 +168,12 @@ def main() -> None:
     args = p.parse_args()
     run_id = "ranksim"
     made = expositions(args.before, args.ranks, run_id)
-    sim = RankSim({k: Template.parse(k, adapt(m, k, run_id)) for k, m in made.items()}, args.ranks,
-                  "before" if args.before else "after", run_id)
+    sim = RankSim(
+        {k: Template.parse(k, adapt(m, k, run_id)) for k, m in made.items()},
+        args.ranks,
+        "before" if args.before else "after",
+        run_id,
+    )
     sim.set_leak(args.leak if args.leak in ("all", "none") else int(args.leak))
     with RankServers(sim) as servers:
         print(f"serving {args.ranks} ranks on {servers.targets[0]} .. {servers.targets[-1]}; Ctrl-C stops", flush=True)

@@ -40,8 +40,9 @@ def _absent(v: Value) -> bool:
     return v is None or math.isnan(v)
 
 
-def derive(peaks: list[Value], baselines: list[Value], steps_total: list[Value], limit: list[Value],
-           interval: float) -> dict[str, list[Value]]:
+def derive(
+    peaks: list[Value], baselines: list[Value], steps_total: list[Value], limit: list[Value], interval: float
+) -> dict[str, list[Value]]:
     """The exporter's leak rate, leak per step and ETA at each scrape of a one-step-per-scrape
     trace: each scrape with a peak is a step; ``steps_total`` going down, or a stale gap, is a
     restart (a new process, a new window)."""
@@ -80,15 +81,24 @@ def rederive(text: str) -> str:
             if name != "memexporter_oom_eta_seconds":
                 continue
             rank = re.sub(r',device="[^"]*"', "", labels)
-            needed = ("memexporter_memory_peak_bytes", "memexporter_memory_baseline_bytes", "memexporter_memory_limit_bytes")
+            needed = (
+                "memexporter_memory_peak_bytes",
+                "memexporter_memory_baseline_bytes",
+                "memexporter_memory_limit_bytes",
+            )
             if not all(f"{m}{{{labels}" in values for m in needed) or f"memexporter_steps_total{{{rank}" not in values:
                 continue  # no per-step trace to derive from (a level-only scenario)
 
             def get(metric: str, lab: str = labels, v: dict[str, list[Value]] = values) -> list[Value]:
                 return v[f"{metric}{{{lab}"]
 
-            derived = derive(get("memexporter_memory_peak_bytes"), get("memexporter_memory_baseline_bytes"),
-                             get("memexporter_steps_total", rank), get("memexporter_memory_limit_bytes"), interval)
+            derived = derive(
+                get("memexporter_memory_peak_bytes"),
+                get("memexporter_memory_baseline_bytes"),
+                get("memexporter_steps_total", rank),
+                get("memexporter_memory_limit_bytes"),
+                interval,
+            )
             for metric, series in derived.items():
                 if f"{metric}{{{labels}" in values:
                     replacements[(number, f"{metric}{{{labels}")] = encode(series)

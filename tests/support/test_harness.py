@@ -52,8 +52,10 @@ def test_prometheus_alertmanager_webhook_round_trip(tmp_path: Path) -> None:
             assert prom.query("1 + 1") == [{"metric": {}, "value": [pytest.approx(time.time(), abs=60), "2"]}]
             with pytest.raises(QueryError, match="parse error"):
                 prom.query("sum(")
-            got = hook.wait_for(lambda p: p["status"] == "firing"
-                                and p["commonLabels"].get("alertname") == "HarnessAlwaysFiring", timeout=60)
+            got = hook.wait_for(
+                lambda p: p["status"] == "firing" and p["commonLabels"].get("alertname") == "HarnessAlwaysFiring",
+                timeout=60,
+            )
             assert got.time >= started
             assert got.payload["version"] == "4"
             assert [a["labels"]["alertname"] for a in am.alerts()] == ["HarnessAlwaysFiring"]
@@ -72,8 +74,9 @@ def test_alertmanager_does_not_bind_the_cluster_port(tmp_path: Path) -> None:
 
 
 def test_process_error_carries_the_output() -> None:
-    with pytest.raises(ProcessError, match="boom"), running_command(
-        ["sh", "-c", "echo boom; exit 3"], ["http://127.0.0.1:1/never"], timeout=10
+    with (
+        pytest.raises(ProcessError, match="boom"),
+        running_command(["sh", "-c", "echo boom; exit 3"], ["http://127.0.0.1:1/never"], timeout=10),
     ):
         pass
 

@@ -49,8 +49,13 @@ class Process:
         return self.steps[-1][0] if self.steps else 0.0
 
 
-def steps(n: int, step_seconds: float, baseline: Callable[[int], float], peak: Callable[[int, float], float],
-          start: float = 0.0) -> list[Step]:
+def steps(
+    n: int,
+    step_seconds: float,
+    baseline: Callable[[int], float],
+    peak: Callable[[int, float], float],
+    start: float = 0.0,
+) -> list[Step]:
     """``n`` steps, one every ``step_seconds`` from ``start``: ``peak(i, baseline(i))`` bytes."""
     return [(start + (i + 1) * step_seconds, baseline(i), peak(i, baseline(i))) for i in range(n)]
 
@@ -90,8 +95,12 @@ def _scrape_process(out: Scraped, p: Process, later: list[Process]) -> None:
     labels, rank_labels = p.labels, {k: v for k, v in p.labels.items() if k != "device"}
     target = {k: v for k, v in p.labels.items() if k not in ("rank", "device")}
     # A target label run_id wins: Prometheus renames the exporter's label exported_run_id.
-    info = {**rank_labels, ("exported_run_id" if "run_id" in rank_labels else "run_id"): p.run_id,
-            "run_id_source": p.run_id_source, "detail": "per_rank"}
+    info = {
+        **rank_labels,
+        ("exported_run_id" if "run_id" in rank_labels else "run_id"): p.run_id,
+        "run_id_source": p.run_id_source,
+        "detail": "per_rank",
+    }
     build = {**rank_labels, "version": "0.9.0", "torch_version": "2.4.0", "cuda_version": "12.4"}
     window, done = TrendWindow(p.window, p.warmup_steps), 0
     start = p.steps[0][0] - p.steps[0][0] % out.interval if p.steps else 0.0
@@ -127,11 +136,14 @@ def _scrape_process(out: Scraped, p: Process, later: list[Process]) -> None:
             out.put("up", target, k, 0.0 if k in p.failed else 1.0)
             continue
         est = estimate(window.snapshot(), p.limit)
-        values = {"memexporter_memory_limit_bytes": p.limit, "memexporter_memory_peak_bytes": est.peak_bytes,
-                  "memexporter_memory_baseline_bytes": est.baseline_bytes,
-                  "memexporter_leak_rate_bytes_per_second": est.leak_bytes_per_second,
-                  "memexporter_leak_bytes_per_step": est.leak_bytes_per_step,
-                  "memexporter_oom_eta_seconds": est.oom_eta_seconds}
+        values = {
+            "memexporter_memory_limit_bytes": p.limit,
+            "memexporter_memory_peak_bytes": est.peak_bytes,
+            "memexporter_memory_baseline_bytes": est.baseline_bytes,
+            "memexporter_leak_rate_bytes_per_second": est.leak_bytes_per_second,
+            "memexporter_leak_bytes_per_step": est.leak_bytes_per_step,
+            "memexporter_oom_eta_seconds": est.oom_eta_seconds,
+        }
         if p.used:
             values["memexporter_memory_used_bytes"] = (est.baseline_bytes + est.peak_bytes) / 2
         for name, value in values.items():
@@ -144,8 +156,14 @@ def _scrape_process(out: Scraped, p: Process, later: list[Process]) -> None:
         out.put("up", target, k, 1.0)
 
 
-_GAUGES = ("memexporter_memory_limit_bytes", "memexporter_memory_peak_bytes", "memexporter_memory_baseline_bytes",
-           "memexporter_leak_rate_bytes_per_second", "memexporter_leak_bytes_per_step", "memexporter_oom_eta_seconds")
+_GAUGES = (
+    "memexporter_memory_limit_bytes",
+    "memexporter_memory_peak_bytes",
+    "memexporter_memory_baseline_bytes",
+    "memexporter_leak_rate_bytes_per_second",
+    "memexporter_leak_bytes_per_step",
+    "memexporter_oom_eta_seconds",
+)
 
 
 def as_written(v: float) -> float:
@@ -185,8 +203,11 @@ def encode(values: Sequence[Value]) -> str:
                 toks.append(f"{nums[0]}+0x{j - i - 1}")  # Infxn does not parse on promtool 2.42
             else:
                 step = _number(float(nums[1]) - float(nums[0]))
-                toks.append(f"{nums[0]}x{j - i - 1}" if step == "0" else
-                            f"{nums[0]}{'' if step.startswith('-') else '+'}{step}x{j - i - 1}")
+                toks.append(
+                    f"{nums[0]}x{j - i - 1}"
+                    if step == "0"
+                    else f"{nums[0]}{'' if step.startswith('-') else '+'}{step}x{j - i - 1}"
+                )
         i = j
     return " ".join(toks)
 
@@ -202,8 +223,13 @@ def _run(values: Sequence[Value], i: int, n: int, nums: list[str]) -> int:
             j += 1
         return j
     d, j = b - a, i + 2
-    while j < n and nums[j - i] and not math.isinf(float(nums[j - i])) and \
-            _number(a + d * (j - i)) == nums[j - i] and float(nums[j - i]) == a + d * (j - i):
+    while (
+        j < n
+        and nums[j - i]
+        and not math.isinf(float(nums[j - i]))
+        and _number(a + d * (j - i)) == nums[j - i]
+        and float(nums[j - i]) == a + d * (j - i)
+    ):
         j += 1
     return j
 

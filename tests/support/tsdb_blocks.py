@@ -128,11 +128,15 @@ class _Index:
             offsets.append((key, len(self.buf)))
             self.buf += _section(struct.pack(f">I{len(refs)}I", len(refs), *refs))
         self.toc.insert(3, len(self.buf))
-        self.buf += _section(struct.pack(">I", len(label_offsets))
-                             + b"".join(b"\x01" + _string(n) + uvarint(off) for n, off in label_offsets))
+        self.buf += _section(
+            struct.pack(">I", len(label_offsets))
+            + b"".join(b"\x01" + _string(n) + uvarint(off) for n, off in label_offsets)
+        )
         self.toc.append(len(self.buf))
-        self.buf += _section(struct.pack(">I", len(offsets))
-                             + b"".join(b"\x02" + _string(n) + _string(v) + uvarint(off) for (n, v), off in offsets))
+        self.buf += _section(
+            struct.pack(">I", len(offsets))
+            + b"".join(b"\x02" + _string(n) + _string(v) + uvarint(off) for (n, v), off in offsets)
+        )
         toc = struct.pack(">6Q", *self.toc)
         return bytes(self.buf + toc + struct.pack(">I", crc32c(toc)))
 
@@ -142,8 +146,12 @@ def write_block(parent: Path, series: Iterable[tuple[Labels, Model]], ts: Sequen
     into ``parent/<ULID>/``; returns that folder. Labels must include ``__name__``; sorted here."""
     spans = [(a, min(a + SAMPLES_PER_CHUNK, len(ts))) for a in range(0, len(ts), SAMPLES_PER_CHUNK)]
     # A span at a fixed step takes the constant-chunk shortcut; any other goes through the encoder.
-    steps = [ts[a + 1] - ts[a] if b - a > 1 and all(ts[i + 1] - ts[i] == ts[a + 1] - ts[a] for i in range(a, b - 1))
-             else None for a, b in spans]
+    steps = [
+        ts[a + 1] - ts[a]
+        if b - a > 1 and all(ts[i + 1] - ts[i] == ts[a + 1] - ts[a] for i in range(a, b - 1))
+        else None
+        for a, b in spans
+    ]
     name = ulid(int(time.time() * 1000))
     folder = parent / name
     (folder / "chunks").mkdir(parents=True)
@@ -158,8 +166,11 @@ def write_block(parent: Path, series: Iterable[tuple[Labels, Model]], ts: Sequen
             cref = cache.get(key)
             if cref is None:
                 step = steps[ci]
-                data = (constant_chunk(ts[a], step, b - a, still) if still is not None and step is not None
-                        else xor_chunk(ts[a:b], [model.at(t / 1000) for t in ts[a:b]]))
+                data = (
+                    constant_chunk(ts[a], step, b - a, still)
+                    if still is not None and step is not None
+                    else xor_chunk(ts[a:b], [model.at(t / 1000) for t in ts[a:b]])
+                )
                 cref = cache[key] = chunks.add(data)
             # The first chunk's times and ref in full, the others as deltas to the previous one.
             if ci == 0:
@@ -170,9 +181,17 @@ def write_block(parent: Path, series: Iterable[tuple[Labels, Model]], ts: Sequen
         index.add(labels, bytes(metas), len(spans))
     chunks.close()
     (folder / "index").write_bytes(index.finish())
-    meta = {"ulid": name, "minTime": ts[0], "maxTime": ts[-1] + 1,
-            "stats": {"numSamples": len(ts) * len(entries), "numSeries": len(entries),
-                      "numChunks": len(spans) * len(entries)},
-            "compaction": {"level": 1, "sources": [name]}, "version": 1}
+    meta = {
+        "ulid": name,
+        "minTime": ts[0],
+        "maxTime": ts[-1] + 1,
+        "stats": {
+            "numSamples": len(ts) * len(entries),
+            "numSeries": len(entries),
+            "numChunks": len(spans) * len(entries),
+        },
+        "compaction": {"level": 1, "sources": [name]},
+        "version": 1,
+    }
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
     return folder

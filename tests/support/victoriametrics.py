@@ -68,7 +68,9 @@ class VictoriaMetrics(QueryApi):
 
 
 @contextlib.contextmanager
-def running_victoriametrics(extra_flags: Sequence[str] = (), startup_timeout: float = 60.0) -> Iterator[VictoriaMetrics]:
+def running_victoriametrics(
+    extra_flags: Sequence[str] = (), startup_timeout: float = 60.0
+) -> Iterator[VictoriaMetrics]:
     """``victoria-metrics`` on a free loopback port, storage in a temporary folder, otherwise as
     Debian's package runs it (its ``-search.latencyOffset`` of 30 s included: vmalert's
     ``?nocache=1`` in the shipped ``-datasource.url`` is what reads the last 30 s)."""
@@ -77,9 +79,17 @@ def running_victoriametrics(extra_flags: Sequence[str] = (), startup_timeout: fl
         workdir = Path(tmp)
         port, proc = start_on_free_port(
             stack,
-            lambda port: [binary, f"-storageDataPath={workdir / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
-                          "-retentionPeriod=1d", *extra_flags],
-            "/health", workdir / "victoria-metrics.log", what="victoria-metrics", timeout=startup_timeout,
+            lambda port: [
+                binary,
+                f"-storageDataPath={workdir / 'data'}",
+                f"-httpListenAddr=127.0.0.1:{port}",
+                "-retentionPeriod=1d",
+                *extra_flags,
+            ],
+            "/health",
+            workdir / "victoria-metrics.log",
+            what="victoria-metrics",
+            timeout=startup_timeout,
         )
         yield VictoriaMetrics(f"http://127.0.0.1:{port}", workdir, proc)
 
@@ -89,8 +99,11 @@ def agent_config(targets: Sequence[str], remote_write_url: str, scrape_interval:
     VictoriaMetrics, the rest as shipped; the remote-write queue sends at least every second
     (``batch_send_deadline``, 5 s by default), at the test's pace."""
     config: dict[str, Any] = yaml.safe_load(AGENT_CONFIG.read_text(encoding="utf-8"))
-    config["global"] = {**config.get("global", {}), "scrape_interval": scrape_interval,
-                        "scrape_timeout": scrape_interval}
+    config["global"] = {
+        **config.get("global", {}),
+        "scrape_interval": scrape_interval,
+        "scrape_timeout": scrape_interval,
+    }
     (job,) = config["scrape_configs"]
     job["static_configs"] = [{"targets": list(targets)}]
     (remote,) = config["remote_write"]
@@ -100,8 +113,9 @@ def agent_config(targets: Sequence[str], remote_write_url: str, scrape_interval:
 
 
 @contextlib.contextmanager
-def running_prometheus_agent(targets: Sequence[str], remote_write_url: str, *, scrape_interval: str = "1s",
-                             startup_timeout: float = 60.0) -> Iterator[Prometheus]:
+def running_prometheus_agent(
+    targets: Sequence[str], remote_write_url: str, *, scrape_interval: str = "1s", startup_timeout: float = 60.0
+) -> Iterator[Prometheus]:
     """Prometheus in agent mode (``--enable-feature=agent``: scrape and ``remote_write``, no local
     queries or rules) scraping ``targets``. The ``Prometheus`` it yields answers ``targets()``
     and ``wait_targets_up()``; it has no query API."""
@@ -113,9 +127,17 @@ def running_prometheus_agent(targets: Sequence[str], remote_write_url: str, *, s
         config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         port, proc = start_on_free_port(
             stack,
-            lambda port: [binary, "--enable-feature=agent", f"--config.file={config_file}",
-                          f"--storage.agent.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-            "/-/ready", workdir / "prometheus.log", what="prometheus agent", timeout=startup_timeout,
+            lambda port: [
+                binary,
+                "--enable-feature=agent",
+                f"--config.file={config_file}",
+                f"--storage.agent.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            "/-/ready",
+            workdir / "prometheus.log",
+            what="prometheus agent",
+            timeout=startup_timeout,
         )
         yield Prometheus(f"http://127.0.0.1:{port}", workdir, config, proc)
 
@@ -129,8 +151,14 @@ def shipped_vmalert_args() -> list[str]:
     raise AssertionError(f"{VMALERT_DEFAULT} has no ARGS= line")
 
 
-def vmalert_args(datasource_url: str, rule_files: Sequence[Path], *, notifier_url: str | None,
-                 evaluation_interval: str = "1s", overrides: Mapping[str, str | None] | None = None) -> list[str]:
+def vmalert_args(
+    datasource_url: str,
+    rule_files: Sequence[Path],
+    *,
+    notifier_url: str | None,
+    evaluation_interval: str = "1s",
+    overrides: Mapping[str, str | None] | None = None,
+) -> list[str]:
     """The shipped vmalert flags pointed at the test: its VictoriaMetrics (read, write, restore),
     Alertmanager (``notifier_url``; none: the flag is dropped) and rule files; ``overrides`` sets
     (or with None removes) any other flag by name."""
@@ -171,18 +199,30 @@ class VMAlert:
         """The sum of the samples of ``name`` on vmalert's own ``/metrics`` (0 when absent)."""
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as resp:
             text = resp.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + "{", name + " ")))
+        return sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + "{", name + " "))
+        )
 
 
 @contextlib.contextmanager
-def running_vmalert(datasource_url: str, rule_files: Sequence[Path], *, notifier_url: str | None = None,
-                    evaluation_interval: str = "1s", overrides: Mapping[str, str | None] | None = None,
-                    startup_timeout: float = 60.0) -> Iterator[VMAlert]:
+def running_vmalert(
+    datasource_url: str,
+    rule_files: Sequence[Path],
+    *,
+    notifier_url: str | None = None,
+    evaluation_interval: str = "1s",
+    overrides: Mapping[str, str | None] | None = None,
+    startup_timeout: float = 60.0,
+) -> Iterator[VMAlert]:
     """``vmalert`` on a free loopback port with the shipped flags (``vmalert_args``)."""
     binary = require("vmalert")
-    args = vmalert_args(datasource_url, rule_files, notifier_url=notifier_url,
-                        evaluation_interval=evaluation_interval, overrides=overrides)
+    args = vmalert_args(
+        datasource_url,
+        rule_files,
+        notifier_url=notifier_url,
+        evaluation_interval=evaluation_interval,
+        overrides=overrides,
+    )
     with tempfile.TemporaryDirectory(prefix="memexporter-vmalert-") as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
         argv: list[str] = []
@@ -191,8 +231,9 @@ def running_vmalert(datasource_url: str, rule_files: Sequence[Path], *, notifier
             argv[:] = [binary, *args, f"-httpListenAddr=127.0.0.1:{port}"]
             return argv
 
-        port, proc = start_on_free_port(stack, argv_for, "/health", workdir / "vmalert.log", what="vmalert",
-                                        timeout=startup_timeout)
+        port, proc = start_on_free_port(
+            stack, argv_for, "/health", workdir / "vmalert.log", what="vmalert", timeout=startup_timeout
+        )
         yield VMAlert(f"http://127.0.0.1:{port}", workdir, list(argv), proc)
 
 
@@ -200,5 +241,10 @@ def vmalert_dry_run(rule_files: Sequence[Path]) -> subprocess.CompletedProcess[s
     """``vmalert -dryRun -rule=...``: parses every rule file, each expression (MetricsQL) and
     template, and exits non-zero naming the first that fails."""
     binary = require("vmalert")
-    return subprocess.run([binary, "-dryRun", *(f"-rule={Path(f).resolve()}" for f in rule_files)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [binary, "-dryRun", *(f"-rule={Path(f).resolve()}" for f in rule_files)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -108,21 +108,43 @@ class FakeHost:
         return None
 
 
-IDENTITY = Identity(rank="3", local_rank="1", world_size="8", hostname="node17", run_id="run-42", run_id_source="torchelastic")
+IDENTITY = Identity(
+    rank="3", local_rank="1", world_size="8", hostname="node17", run_id="run-42", run_id_source="torchelastic"
+)
 
 
-def sources(cuda: FakeCuda | None = None, nvml: FakeNvml | None = None, host: FakeHost | None = None,
-            steps: object = None, **config: object) -> Sources:
+def sources(
+    cuda: FakeCuda | None = None,
+    nvml: FakeNvml | None = None,
+    host: FakeHost | None = None,
+    steps: object = None,
+    **config: object,
+) -> Sources:
     cfg = Config.resolve(config, environ={})
     return Sources(IDENTITY, cfg, cuda or FakeCuda(), nvml or FakeNvml(), host or FakeHost(), steps, "0.0.test")  # type: ignore[arg-type]
 
 
 def one_gpu(**stats_overrides: int) -> tuple[FakeCuda, FakeNvml]:
     """One synthetic GPU at cuda:0 whose NVML twin has the matching UUID."""
-    cuda = FakeCuda(stats={0: {**SYNTHETIC_STATS, **stats_overrides}}, uuids={0: "GPU-synthetic-0"},
-                    pinned=host_memory_stats(512 * MiB, 128 * MiB, 16, 4))
-    nvml = FakeNvml({"GPU-synthetic-0": DeviceMemory("GPU-synthetic-0", "Synthetic GPU", 80 * GiB, 10 * GiB, 70 * GiB,
-                                                   "00000000:01:00.0", "GPU-synthetic-0", "")})
+    cuda = FakeCuda(
+        stats={0: {**SYNTHETIC_STATS, **stats_overrides}},
+        uuids={0: "GPU-synthetic-0"},
+        pinned=host_memory_stats(512 * MiB, 128 * MiB, 16, 4),
+    )
+    nvml = FakeNvml(
+        {
+            "GPU-synthetic-0": DeviceMemory(
+                "GPU-synthetic-0",
+                "Synthetic GPU",
+                80 * GiB,
+                10 * GiB,
+                70 * GiB,
+                "00000000:01:00.0",
+                "GPU-synthetic-0",
+                "",
+            )
+        }
+    )
     # The process as the driver counts it: the allocator's reserved bytes and a 500 MiB context.
     reserved = cuda.stats[0]["reserved_bytes.all.current"]
     nvml.processes["GPU-synthetic-0"] = ProcessMemory(reserved + 500 * MiB)

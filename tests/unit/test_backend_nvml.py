@@ -45,18 +45,32 @@ def test_a100_matched_by_uuid_not_index(monkeypatch: pytest.MonkeyPatch, strings
     assert isinstance(module.nvmlDeviceGetPciInfo(module.nvmlDeviceGetHandleByIndex(3)).busId, type(name))
     mem = NvmlBackend().memory(spelling)
     # cuda:0 under CUDA_VISIBLE_DEVICES=3 is NVML's fourth GPU, with the same UUID.
-    assert mem == DeviceMemory(uuid=f"GPU-{A100_HEX}", name="NVIDIA A100-SXM4-80GB", total=81920 * MiB,
-                             used=40806 * MiB, free=(81920 - 40806) * MiB, pci_bus_id="00000000:C7:00.0",
-                             gpu_uuid=f"GPU-{A100_HEX}", gpu_instance_id="")
+    assert mem == DeviceMemory(
+        uuid=f"GPU-{A100_HEX}",
+        name="NVIDIA A100-SXM4-80GB",
+        total=81920 * MiB,
+        used=40806 * MiB,
+        free=(81920 - 40806) * MiB,
+        pci_bus_id="00000000:C7:00.0",
+        gpu_uuid=f"GPU-{A100_HEX}",
+        gpu_instance_id="",
+    )
 
 
 @pytest.mark.parametrize("handle_by_mig_uuid", [True, False])  # False: a driver that does not look MIG UUIDs up
 def test_mig_slice_found_under_its_mig_spelling(monkeypatch: pytest.MonkeyPatch, handle_by_mig_uuid: bool) -> None:
     nv = install(monkeypatch, "a100_mig_1g.10gb_torch2.13", handle_by_mig_uuid=handle_by_mig_uuid)
     mem = NvmlBackend().memory(MIG_HEX)
-    assert mem == DeviceMemory(uuid=f"MIG-{MIG_HEX}", name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", total=9728 * MiB,
-                             used=7820 * MiB, free=1908 * MiB, pci_bus_id="00000000:4E:00.0",  # the parent GPU's
-                             gpu_uuid=MIG_PARENT, gpu_instance_id="13")
+    assert mem == DeviceMemory(
+        uuid=f"MIG-{MIG_HEX}",
+        name="NVIDIA A100-SXM4-80GB MIG 1g.10gb",
+        total=9728 * MiB,
+        used=7820 * MiB,
+        free=1908 * MiB,
+        pci_bus_id="00000000:4E:00.0",  # the parent GPU's
+        gpu_uuid=MIG_PARENT,
+        gpu_instance_id="13",
+    )
     assert ("nvmlDeviceGetMigDeviceHandleByIndex" in nv.calls) is not handle_by_mig_uuid
 
 
@@ -71,18 +85,24 @@ def test_identity_is_looked_up_once_memory_every_scrape(monkeypatch: pytest.Monk
     assert nv.calls[first:] == ["nvmlDeviceGetMemoryInfo"]
 
 
-def test_unknown_uuid_gives_none_and_one_warning(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_uuid_gives_none_and_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     nv = install(monkeypatch, "a100_torch2.13_fraction")
     backend = NvmlBackend()
     assert backend.memory("0badc0de-0000-4000-8000-000000000000") is None
     calls = len(nv.calls)
     assert backend.memory("0badc0de-0000-4000-8000-000000000000") is None
     assert len(nv.calls) == calls  # not found is an answer: no second scan of NVML's list
-    assert warnings(caplog) == ["memexporter: no NVML device has UUID 0badc0de-0000-4000-8000-000000000000 (tried "
-                                "GPU-/MIG- and NVML's device list): no memexporter_device_* series for it"]
+    assert warnings(caplog) == [
+        "memexporter: no NVML device has UUID 0badc0de-0000-4000-8000-000000000000 (tried "
+        "GPU-/MIG- and NVML's device list): no memexporter_device_* series for it"
+    ]
 
 
-def test_memory_read_failure_costs_that_scrape_only(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_memory_read_failure_costs_that_scrape_only(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     nv = install(monkeypatch, "a100_torch2.13_fraction")
     backend = NvmlBackend()
     gpu = nv.nvml["gpus"][3]
@@ -122,7 +142,11 @@ def test_no_pci_or_mig_answer_keeps_the_device(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(module, "nvmlDeviceIsMigDeviceHandle", not_supported)
     mem = NvmlBackend().memory("6f2e5c71-0a4b-9d3e-52c1-8e7f90ab34cd")
     assert mem is not None and (mem.uuid, mem.pci_bus_id, mem.gpu_uuid, mem.gpu_instance_id) == (
-        "GPU-6f2e5c71-0a4b-9d3e-52c1-8e7f90ab34cd", "", "GPU-6f2e5c71-0a4b-9d3e-52c1-8e7f90ab34cd", "")
+        "GPU-6f2e5c71-0a4b-9d3e-52c1-8e7f90ab34cd",
+        "",
+        "GPU-6f2e5c71-0a4b-9d3e-52c1-8e7f90ab34cd",
+        "",
+    )
 
 
 def test_nvml_library_missing(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
@@ -143,14 +167,16 @@ def test_without_the_nvml_extra(monkeypatch: pytest.MonkeyPatch, caplog: pytest.
 def test_process_memory_is_this_pids_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     install(monkeypatch, "a100_torch2.13_fraction")
     reserved = load(SYNTHETIC_DIR / "a100_torch2.13_fraction.json")["answers"]["devices"]["0"]["memory_stats"][
-        "reserved_bytes.all.current"]
+        "reserved_bytes.all.current"
+    ]
     assert NvmlBackend().process_memory(A100_HEX, os.getpid()) == ProcessMemory(reserved + 1210 * MiB)
     # The profiler's process beside it is its own entry.
     assert NvmlBackend().process_memory(A100_HEX, 51877) == ProcessMemory(268 * MiB)
 
 
-def test_process_memory_hidden_by_a_pid_namespace_is_said_once(monkeypatch: pytest.MonkeyPatch,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_process_memory_hidden_by_a_pid_namespace_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     install(monkeypatch, "a100_mig_1g.10gb_torch2.13")
     backend = NvmlBackend()
     with caplog.at_level(logging.DEBUG, logger="memexporter"):

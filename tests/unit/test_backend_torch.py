@@ -32,8 +32,15 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-@pytest.mark.parametrize("name", ["v100_torch1.13_after_ooms", "a100_torch2.13_fraction", "a100_mig_1g.10gb_torch2.13",
-                                  "h100_torch2.13_cudamallocasync"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "v100_torch1.13_after_ooms",
+        "a100_torch2.13_fraction",
+        "a100_mig_1g.10gb_torch2.13",
+        "h100_torch2.13_cudamallocasync",
+    ],
+)
 def test_torchs_own_memory_stats_flattening_gives_the_fixture_back(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     # The stand-in answers the nested dict; torch's real memory_stats() flattens and sorts it.
     flat = answers(name)["devices"]["0"]["memory_stats"]
@@ -43,7 +50,9 @@ def test_torchs_own_memory_stats_flattening_gives_the_fixture_back(monkeypatch: 
     assert flatten(unflatten(flat)) == flat
 
 
-def test_v100_on_torch_1_13_after_caught_ooms(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_v100_on_torch_1_13_after_caught_ooms(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     s = standin(monkeypatch, "v100_torch1.13_after_ooms")
     b = TorchBackend()
     stats = b.device_stats()
@@ -53,7 +62,9 @@ def test_v100_on_torch_1_13_after_caught_ooms(monkeypatch: pytest.MonkeyPatch, c
     assert b.devices_in_use() == [0]
     assert b.allocated(0) == (stats[0]["allocated_bytes.all.current"], stats[0]["allocated_bytes.all.peak"])
     # That torch has neither get_allocator_backend() nor get_per_process_memory_fraction().
-    assert not hasattr(torch.cuda, "get_allocator_backend") and not hasattr(torch.cuda, "get_per_process_memory_fraction")
+    assert not hasattr(torch.cuda, "get_allocator_backend") and not hasattr(
+        torch.cuda, "get_per_process_memory_fraction"
+    )
     assert b.allocator_backend() == "native"
     assert b.memory_fraction(0) == 1.0
     assert b.total_memory(0) == 16160 * MiB
@@ -63,7 +74,8 @@ def test_v100_on_torch_1_13_after_caught_ooms(monkeypatch: pytest.MonkeyPatch, c
     assert b.uuid(0) is None and b.uuid(0) is None
     assert [w for w in warnings(caplog) if "no device UUID" in w] == [
         "memexporter: torch 1.13.1+cu117 reports no device UUID (get_device_properties().uuid); without it no NVML "
-        "device can be matched: no memexporter_device_* series"]
+        "device can be matched: no memexporter_device_* series"
+    ]
     assert ("get_per_process_memory_fraction", 0) not in s.calls
 
 
@@ -114,7 +126,9 @@ def test_cuda_malloc_async_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     assert b.device_stats()[0]["reserved_bytes.all.peak"] == 58 << 30
 
 
-def test_mem_get_info_that_raises_reads_as_unknown(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_mem_get_info_that_raises_reads_as_unknown(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     a = answers("a100_torch2.13_fraction")
     a["devices"]["0"]["mem_get_info"] = {"raises": "RuntimeError: CUDA error: unspecified launch failure"}
     standin(monkeypatch, a)
@@ -129,7 +143,13 @@ def test_not_initialised_reads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     s = standin(monkeypatch, a)
     b = TorchBackend()
     assert b.device_stats() == {} and b.devices_in_use() == []
-    assert (b.uuid(0), b.total_memory(0), b.mem_get_info(0), b.memory_fraction(0), b.allocated(0)) == (None, None, None, 1.0, (0, 0))
+    assert (b.uuid(0), b.total_memory(0), b.mem_get_info(0), b.memory_fraction(0), b.allocated(0)) == (
+        None,
+        None,
+        None,
+        1.0,
+        (0, 0),
+    )
     assert s.calls == []
 
 
@@ -149,8 +169,9 @@ def test_host_pinned_stats_on_this_cpu_torch_read_nothing() -> None:
     assert TorchBackend().host_pinned_stats() == {}
 
 
-def test_host_pinned_stats_that_raise_read_as_none(monkeypatch: pytest.MonkeyPatch,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_host_pinned_stats_that_raise_read_as_none(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     TorchStandIn(answers("a100_torch2.13_fraction")).install(monkeypatch)
     backend = TorchBackend()
     assert backend.host_pinned_stats()["allocated_bytes.current"] == 1 << 30

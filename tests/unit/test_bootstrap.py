@@ -10,8 +10,9 @@ from memexporter.config import FALSE, TRUE
 
 
 @pytest.mark.parametrize("value", ["yes please", "2", "ture", "enable"])
-def test_a_mistyped_autostart_is_said_and_does_not_start(value: str, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_mistyped_autostart_is_said_and_does_not_start(
+    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("MEMEXPORTER_AUTOSTART", value)
     assert sitecustomize._should_start(["python", "train.py"]) is False
     err = capsys.readouterr().err
@@ -19,14 +20,17 @@ def test_a_mistyped_autostart_is_said_and_does_not_start(value: str, monkeypatch
 
 
 @pytest.mark.parametrize("value", [*TRUE, *FALSE, "", " On "])
-def test_booleans_decide_in_silence(value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_booleans_decide_in_silence(
+    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("MEMEXPORTER_AUTOSTART", value)
     assert sitecustomize._should_start(["python", "train.py"]) is (value.strip().lower() in TRUE)
     assert capsys.readouterr().err == ""
 
 
-def test_launchers_and_helpers_stay_quiet_about_a_mistyped_value(monkeypatch: pytest.MonkeyPatch,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_launchers_and_helpers_stay_quiet_about_a_mistyped_value(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # torchrun and multiprocessing's helpers never start the exporter: the training processes say it.
     monkeypatch.setenv("MEMEXPORTER_AUTOSTART", "yes please")
     assert not sitecustomize._should_start(["python", "/venv/bin/torchrun", "train.py"])

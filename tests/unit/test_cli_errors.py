@@ -15,8 +15,15 @@ from tests.support.demo import module_env
 
 
 def run(*argv: str) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, env=module_env(),
-                          cwd=REPO_ROOT, check=False)
+    done = subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=module_env(),
+        cwd=REPO_ROOT,
+        check=False,
+    )
     return done.returncode, done.stderr
 
 
@@ -30,16 +37,33 @@ def blocked(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["-m", "memexporter", "rules", "--output", "{missing}/x.yml"], "memexporter rules: cannot write '{missing}/x.yml': "
-                                                                         "No such file or directory"),
-        (["-m", "memexporter", "rules", "--output", "{tmp}"], "memexporter rules: cannot write '{tmp}': Is a directory"),
+        (
+            ["-m", "memexporter", "rules", "--output", "{missing}/x.yml"],
+            "memexporter rules: cannot write '{missing}/x.yml': No such file or directory",
+        ),
+        (
+            ["-m", "memexporter", "rules", "--output", "{tmp}"],
+            "memexporter rules: cannot write '{tmp}': Is a directory",
+        ),
         (["-m", "memexporter.rules", "--output", "{missing}/x.yml"], "memexporter rules: cannot write"),
-        (["-m", "memexporter", "dashboards", "--output", "{blocked}"], "memexporter dashboards: cannot write '{blocked}"),
-        (["-m", "memexporter", "dashboards", "--format", "configmap", "--output", "{blocked}"],
-         "memexporter dashboards: cannot write '{blocked}': Not a directory"),
+        (
+            ["-m", "memexporter", "dashboards", "--output", "{blocked}"],
+            "memexporter dashboards: cannot write '{blocked}",
+        ),
+        (
+            ["-m", "memexporter", "dashboards", "--format", "configmap", "--output", "{blocked}"],
+            "memexporter dashboards: cannot write '{blocked}': Not a directory",
+        ),
         (["-m", "memexporter.dashboards", "--out", "{blocked}"], "cannot write '{blocked}"),
     ],
-    ids=["rules-missing-dir", "rules-a-dir", "rules-module", "dashboards-json", "dashboards-configmap", "dashboards-module"],
+    ids=[
+        "rules-missing-dir",
+        "rules-a-dir",
+        "rules-module",
+        "dashboards-json",
+        "dashboards-configmap",
+        "dashboards-module",
+    ],
 )
 def test_a_path_that_cannot_be_written_is_one_line(argv: list[str], said: str, tmp_path: Path, blocked: Path) -> None:
     names = {"missing": str(tmp_path / "no" / "such" / "dir"), "tmp": str(tmp_path), "blocked": str(blocked)}
@@ -49,14 +73,21 @@ def test_a_path_that_cannot_be_written_is_one_line(argv: list[str], said: str, t
     assert err.startswith(said.format(**names)), err
 
 
-@pytest.mark.parametrize(("argv", "usage", "said"), [
-    (["run", "--prot", "9500", "x.py"], "usage: memexporter run ", "memexporter run: error: unrecognized arguments: "
-                                                                   "--prot (did you mean --port?)"),
-    (["inspect", "--tpo", "3"], "usage: memexporter inspect ", "(did you mean --top?)"),
-    (["run", "--wibble", "x.py"], "usage: memexporter run ", "unrecognized arguments: --wibble\n"),
-])
+@pytest.mark.parametrize(
+    ("argv", "usage", "said"),
+    [
+        (
+            ["run", "--prot", "9500", "x.py"],
+            "usage: memexporter run ",
+            "memexporter run: error: unrecognized arguments: --prot (did you mean --port?)",
+        ),
+        (["inspect", "--tpo", "3"], "usage: memexporter inspect ", "(did you mean --top?)"),
+        (["run", "--wibble", "x.py"], "usage: memexporter run ", "unrecognized arguments: --wibble\n"),
+    ],
+)
 def test_a_typo_in_a_subcommands_option_gets_that_subcommands_usage_and_the_option_meant(
-        argv: list[str], usage: str, said: str) -> None:
+    argv: list[str], usage: str, said: str
+) -> None:
     # The top-level usage was printed, which lists the subcommands, not the option mistyped (issue 27).
     code, err = run("-m", "memexporter", *argv)
     assert code == 2 and err.startswith(usage) and said in err, err

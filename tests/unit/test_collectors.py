@@ -88,8 +88,21 @@ def test_device_matched_by_uuid_not_index() -> None:
     reg = registry_for(sources(cuda, nvml))
     assert value(reg, "memexporter_device_total_bytes", rank="3", device="cuda:0") == 80 * GiB
     assert value(reg, "memexporter_device_used_bytes", rank="3", device="cuda:0") == 10 * GiB
-    assert value(reg, "memexporter_device_info", rank="3", device="cuda:0", uuid="GPU-synthetic-0", name="Synthetic GPU",
-                 pci_bus_id="00000000:01:00.0", gpu_uuid="GPU-synthetic-0", gpu_instance_id="", vendor="nvidia") == 1
+    assert (
+        value(
+            reg,
+            "memexporter_device_info",
+            rank="3",
+            device="cuda:0",
+            uuid="GPU-synthetic-0",
+            name="Synthetic GPU",
+            pci_bus_id="00000000:01:00.0",
+            gpu_uuid="GPU-synthetic-0",
+            gpu_instance_id="",
+            vendor="nvidia",
+        )
+        == 1
+    )
 
 
 def test_nvml_none_means_no_device_series_and_success() -> None:
@@ -145,7 +158,17 @@ def test_host_series() -> None:
 
 def test_exporter_identity_series() -> None:
     reg = registry_for(sources())
-    assert value(reg, "memexporter_build_info", rank="3", version="0.0.test", torch_version="2.13.0+synthetic", cuda_version="13.0") == 1
+    assert (
+        value(
+            reg,
+            "memexporter_build_info",
+            rank="3",
+            version="0.0.test",
+            torch_version="2.13.0+synthetic",
+            cuda_version="13.0",
+        )
+        == 1
+    )
     assert value(reg, "memexporter_process_info", rank="3", local_rank="1", world_size="8", hostname="node17") == 1
 
 

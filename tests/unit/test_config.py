@@ -30,7 +30,9 @@ from tests.support import REPO_ROOT
         ({"nonsense": 1}, {}, TypeError, "nonsense"),
     ],
 )
-def test_bad_values_raise_naming_the_value(explicit: dict[str, object], env: dict[str, str], error: type, names: str) -> None:
+def test_bad_values_raise_naming_the_value(
+    explicit: dict[str, object], env: dict[str, str], error: type, names: str
+) -> None:
     with pytest.raises(error, match=None) as info:
         Config.resolve(explicit, environ=env)
     assert names in str(info.value)
@@ -102,10 +104,20 @@ def test_every_knob_rejects_a_bad_value_naming_it(knob: Knob) -> None:
         assert knob.env in str(info.value) and repr(bad_env) in str(info.value)
 
 
-
-@pytest.mark.parametrize(("given", "size"), [
-    ("40GiB", 40 << 30), ("40Gi", 40 << 30), ("512MiB", 512 << 20), ("1.5GiB", 3 << 29), ("40GB", 40 * 10**9),
-    ("2tib", 2 << 40), ("42949672960", 40 << 30), (42949672960, 40 << 30), (" 8 KiB ", 8192)])
+@pytest.mark.parametrize(
+    ("given", "size"),
+    [
+        ("40GiB", 40 << 30),
+        ("40Gi", 40 << 30),
+        ("512MiB", 512 << 20),
+        ("1.5GiB", 3 << 29),
+        ("40GB", 40 * 10**9),
+        ("2tib", 2 << 40),
+        ("42949672960", 40 << 30),
+        (42949672960, 40 << 30),
+        (" 8 KiB ", 8192),
+    ],
+)
 def test_byte_sizes_take_units(given: object, size: int) -> None:
     assert Config.resolve({"memory_limit_bytes": given}, environ={}).memory_limit_bytes == size
     if isinstance(given, str):

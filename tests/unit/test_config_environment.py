@@ -40,8 +40,16 @@ def good_argument(knob: Knob) -> dict[str, object]:
     """A good explicit value for ``knob`` (and its companion: certfile and keyfile go together)."""
     if knob.name in ("certfile", "keyfile"):
         return {"certfile": _A_FILE, "keyfile": _A_FILE}
-    value = {"port": 9500, "addr": "127.0.0.1", "debug_allow": "10.0.0.0/8", "oom_dump_dir": str(REPO_ROOT),
-             "census_budget": 0.5, "leak_window": 64, "memory_limit_bytes": 1 << 30, "run_id": "exp-7"}.get(knob.name)
+    value = {
+        "port": 9500,
+        "addr": "127.0.0.1",
+        "debug_allow": "10.0.0.0/8",
+        "oom_dump_dir": str(REPO_ROOT),
+        "census_budget": 0.5,
+        "leak_window": 64,
+        "memory_limit_bytes": 1 << 30,
+        "run_id": "exp-7",
+    }.get(knob.name)
     if value is None:
         value = (not knob.default) if knob.boolean else 2
     return {knob.name: value}
@@ -66,8 +74,9 @@ def test_a_bad_variable_that_an_argument_overrides_is_said_once(knob: Knob, capl
         Config.resolve({k: v for k, v in explicit.items() if k != knob.name} or None, environ={knob.env: bad})
 
 
-def test_start_with_a_port_argument_warns_about_a_bad_port_variable(monkeypatch: pytest.MonkeyPatch,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_start_with_a_port_argument_warns_about_a_bad_port_variable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # The README's line, with a mistyped variable in the job's environment: the job starts, and says so.
     monkeypatch.setenv("MEMEXPORTER_PORT", "abc")
     port = free_port()
@@ -79,14 +88,17 @@ def test_start_with_a_port_argument_warns_about_a_bad_port_variable(monkeypatch:
     assert len(said) == 1 and "'abc'" in said[0] and "port=" in said[0], warnings(caplog)
 
 
-def test_run_with_a_port_option_warns_about_a_bad_port_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_run_with_a_port_option_warns_about_a_bad_port_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("MEMEXPORTER_PORT", "abc")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
     script = tmp_path / "train.py"
     script.write_text("import memexporter.exporter as e\nassert e.running() is not None and e.running().port\n")
-    args = cli._parser().parse_args(["run", "--port", str(free_port()), "--addr", "127.0.0.1", "--no-auto-track", str(script)])
+    args = cli._parser().parse_args(
+        ["run", "--port", str(free_port()), "--addr", "127.0.0.1", "--no-auto-track", str(script)]
+    )
     with caplog.at_level(logging.WARNING, logger="memexporter"):
         assert cli._run(args) == 0
     said = [m for m in warnings(caplog) if "MEMEXPORTER_PORT" in m]
@@ -100,17 +112,21 @@ def test_run_with_a_port_option_warns_about_a_bad_port_variable(tmp_path: Path, 
         ("MEMEXPORTER_LEAK_WINDOWS", "did you mean MEMEXPORTER_LEAK_WINDOW?"),
         ("MEMEXPORTER_AUTOSTRAT", "did you mean MEMEXPORTER_AUTOSTART?"),
         ("memexporter_port", "did you mean MEMEXPORTER_PORT? (environment variables are case-sensitive)"),
-        ("MEMEXPORTER_FROBNICATE", "memexporter reads MEMEXPORTER_<a start() keyword in capitals>, and "
-                                   "MEMEXPORTER_AUTOSTART, MEMEXPORTER_DEBUG_TOKEN"),
+        (
+            "MEMEXPORTER_FROBNICATE",
+            "memexporter reads MEMEXPORTER_<a start() keyword in capitals>, and "
+            "MEMEXPORTER_AUTOSTART, MEMEXPORTER_DEBUG_TOKEN",
+        ),
     ],
 )
-def test_an_unknown_variable_is_said_once_with_the_closest_name(name: str, hint: str,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unknown_variable_is_said_once_with_the_closest_name(
+    name: str, hint: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="memexporter"):
         Config.resolve({}, environ={name: "9500"})
         Config.resolve({}, environ={name: "9500"})
     assert warnings(caplog) == [f"memexporter: ignoring the unknown environment variable {name}; {hint}"]
-    assert '9500' not in caplog.text  # the value never: it may be a mistyped secret
+    assert "9500" not in caplog.text  # the value never: it may be a mistyped secret
 
 
 def test_start_says_a_mistyped_variable(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

@@ -105,8 +105,9 @@ def test_every_knob_has_a_case() -> None:
 
 
 def nested() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4))),
-                               torch.nn.Linear(4, 2))
+    return torch.nn.Sequential(
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4))), torch.nn.Linear(4, 2)
+    )
 
 
 def train(model: torch.nn.Module, steps: int) -> None:
@@ -168,8 +169,9 @@ EFFECTS: dict[str, Effect] = {
     "http": lambda exp, name, expected: (exp.port is None) != expected,
     "debug": lambda exp, name, expected: bool(exp.diagnostics and exp.diagnostics.routes) == expected,
     "record_history": lambda exp, name, expected: (exp.diagnostics is not None) == expected,
-    "oom_dump_dir": lambda exp, name, expected: bool(exp.diagnostics and exp.diagnostics.premortem
-                                                      and os.path.isdir(expected)),
+    "oom_dump_dir": lambda exp, name, expected: bool(
+        exp.diagnostics and exp.diagnostics.premortem and os.path.isdir(expected)
+    ),
     "census_every": _diag,
     "census_budget": _diag,
     "run_id": lambda exp, name, expected: exp.sources.identity.run_id == expected,
@@ -200,7 +202,9 @@ def option(knob: Knob, value: Any, text: str) -> list[str]:
     return [flag, text]
 
 
-def run_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str], name: str, expected: Any) -> None:
+def run_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str], name: str, expected: Any
+) -> None:
     script = tmp_path / "train.py"
     script.write_text("from tests.unit.test_config_paths import observe\nobserve()\n")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
@@ -214,7 +218,9 @@ def run_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: lis
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.name)
-def test_every_knob_reaches_the_exporter(knob: Knob, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_knob_reaches_the_exporter(
+    knob: Knob, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     case = Case(knob, tmp_path)
     base = case.base()
     argument, text, expected = case.argument, case.text, case.resolved
@@ -236,8 +242,9 @@ def test_every_knob_reaches_the_exporter(knob: Knob, path: str, tmp_path: Path, 
 
 
 @pytest.mark.parametrize("name", ["module_depth", "max_modules"])
-def test_track_takes_the_module_knobs_from_the_environment_without_an_exporter(name: str,
-                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_track_takes_the_module_knobs_from_the_environment_without_an_exporter(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(BY_NAME[name].env, "1")
     handle = memexporter.track(nested())
     try:

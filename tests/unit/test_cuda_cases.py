@@ -28,8 +28,12 @@ def answers(name: str) -> dict[str, Any]:
     return copy.deepcopy(load(SYNTHETIC_DIR / f"{name}.json")["answers"])  # type: ignore[no-any-return]
 
 
-def scrape(monkeypatch: pytest.MonkeyPatch, a: dict[str, Any], nvml: bool = True, steps: int = 0,
-           ) -> tuple[CollectorRegistry, TorchStandIn]:
+def scrape(
+    monkeypatch: pytest.MonkeyPatch,
+    a: dict[str, Any],
+    nvml: bool = True,
+    steps: int = 0,
+) -> tuple[CollectorRegistry, TorchStandIn]:
     torch_standin = TorchStandIn(a).install(monkeypatch)
     if nvml:
         NvmlStandIn(a["nvml"]).install(monkeypatch)
@@ -84,9 +88,18 @@ def test_a100_fraction_caps_at_the_cuda_total_not_nvmls(monkeypatch: pytest.Monk
     assert v(reg, "memexporter_memory_limit_bytes") == int(0.5 * cuda_total)
     assert 0.010 < int(0.5 * nvml_total) / int(0.5 * cuda_total) - 1 < 0.011
     assert v(reg, "memexporter_device_total_bytes") == nvml_total  # the device series keep NVML's figure
-    assert device_info(reg) == [{"rank": "3", "device": "cuda:0", "uuid": "GPU-3f6a9c2e-8b1d-4e07-a5c9-72d41e0b9f63",
-                                 "name": "NVIDIA A100-SXM4-80GB", "pci_bus_id": "00000000:C7:00.0",
-                                 "gpu_uuid": "GPU-3f6a9c2e-8b1d-4e07-a5c9-72d41e0b9f63", "gpu_instance_id": "", "vendor": "nvidia"}]
+    assert device_info(reg) == [
+        {
+            "rank": "3",
+            "device": "cuda:0",
+            "uuid": "GPU-3f6a9c2e-8b1d-4e07-a5c9-72d41e0b9f63",
+            "name": "NVIDIA A100-SXM4-80GB",
+            "pci_bus_id": "00000000:C7:00.0",
+            "gpu_uuid": "GPU-3f6a9c2e-8b1d-4e07-a5c9-72d41e0b9f63",
+            "gpu_instance_id": "",
+            "vendor": "nvidia",
+        }
+    ]
     assert v(reg, "memexporter_allocator_requested_bytes") == 31878 * MiB + 59 * MiB
     assert v(reg, "memexporter_allocator_device_allocations_total") == 279
     assert all_collectors_succeeded(reg)
@@ -104,9 +117,18 @@ def test_mig_slice_has_device_series_and_join_labels(monkeypatch: pytest.MonkeyP
     a = answers("a100_mig_1g.10gb_torch2.13")
     reg, _ = scrape(monkeypatch, a)
     assert v(reg, "memexporter_device_total_bytes") == 9728 * MiB  # the slice, not the GPU
-    assert device_info(reg) == [{"rank": "3", "device": "cuda:0", "uuid": "MIG-9b1c5e7a-2d4f-5a60-8c3b-1e9f0d2a7c45",
-                                 "name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "pci_bus_id": "00000000:4E:00.0",
-                                 "gpu_uuid": "GPU-e1c4a8f2-6b3d-4f90-8a7e-2c5d1b0f9e36", "gpu_instance_id": "13", "vendor": "nvidia"}]
+    assert device_info(reg) == [
+        {
+            "rank": "3",
+            "device": "cuda:0",
+            "uuid": "MIG-9b1c5e7a-2d4f-5a60-8c3b-1e9f0d2a7c45",
+            "name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb",
+            "pci_bus_id": "00000000:4E:00.0",
+            "gpu_uuid": "GPU-e1c4a8f2-6b3d-4f90-8a7e-2c5d1b0f9e36",
+            "gpu_instance_id": "13",
+            "vendor": "nvidia",
+        }
+    ]
     reserved = a["devices"]["0"]["memory_stats"]["reserved_bytes.all.current"]
     assert v(reg, "memexporter_memory_limit_bytes") == reserved + 1908 * MiB  # the slice's free memory
     assert all_collectors_succeeded(reg)
@@ -117,8 +139,13 @@ def test_pluggable_allocator_costs_only_its_own_figures(monkeypatch: pytest.Monk
     monkeypatch.setattr("memexporter.tracking.modules.hook_errors", lambda: 0)
     reg, _ = scrape(monkeypatch, answers("h100_torch2.13_pluggable"), steps=4)
     assert all_collectors_succeeded(reg)
-    for metric in [*KEYS, "memexporter_allocator_fragmentation_ratio", "memexporter_memory_used_bytes",
-                   "memexporter_memory_limit_bytes", "memexporter_memory_baseline_bytes"]:
+    for metric in [
+        *KEYS,
+        "memexporter_allocator_fragmentation_ratio",
+        "memexporter_memory_used_bytes",
+        "memexporter_memory_limit_bytes",
+        "memexporter_memory_baseline_bytes",
+    ]:
         assert v(reg, metric) is None, metric
     assert v(reg, "memexporter_allocator_info", {**CUDA, "backend": "pluggable"}) == 1
     assert v(reg, "memexporter_device_used_bytes") == 63488 * MiB  # NVML still sees the device
@@ -192,7 +219,10 @@ def test_budget_stays_on_cuda_when_its_view_is_unknown(monkeypatch: pytest.Monke
     NvmlStandIn(torch_standin.answers["nvml"]).install(monkeypatch)
     host = FakeHost()
     reg = registry_for(sources(TorchBackend(), NvmlBackend(), host, memory_limit_bytes=1 * GiB))  # type: ignore[arg-type]
-    assert v(reg, "memexporter_memory_limit_bytes", {"rank": "3", "device": "cpu"}) == host.value.rss + host.value.available
+    assert (
+        v(reg, "memexporter_memory_limit_bytes", {"rank": "3", "device": "cpu"})
+        == host.value.rss + host.value.available
+    )
 
 
 def test_a_raising_cuda_source_costs_only_the_cuda_series() -> None:
@@ -217,12 +247,16 @@ def test_a_raising_cuda_source_costs_only_the_cuda_series() -> None:
 NON_ALLOCATOR, PROCESS = "memexporter_device_non_allocator_bytes", "memexporter_device_process_used_bytes"
 
 
-@pytest.mark.parametrize(("name", "outside"), [
-    ("a100_torch2.13_fraction", 1210 * MiB),  # context, workspaces and NCCL buffers; a profiler's process ignored
-    ("h100_torch2.13_cudamallocasync", 596 * MiB),
-])
+@pytest.mark.parametrize(
+    ("name", "outside"),
+    [
+        ("a100_torch2.13_fraction", 1210 * MiB),  # context, workspaces and NCCL buffers; a profiler's process ignored
+        ("h100_torch2.13_cudamallocasync", 596 * MiB),
+    ],
+)
 def test_memory_outside_the_allocator_is_the_drivers_figure_minus_reserved(
-        monkeypatch: pytest.MonkeyPatch, name: str, outside: int) -> None:
+    monkeypatch: pytest.MonkeyPatch, name: str, outside: int
+) -> None:
     a = answers(name)
     reg, _ = scrape(monkeypatch, a)
     reserved = a["devices"]["0"]["memory_stats"]["reserved_bytes.all.current"]
@@ -238,7 +272,8 @@ def test_outside_the_allocator_needs_the_allocators_figure(monkeypatch: pytest.M
 
 
 def test_a_pid_namespace_that_hides_the_process_gives_nan_not_a_wrong_number(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # The MIG slice's job runs in a container: the driver lists it under its host PID only.
     reg, _ = scrape(monkeypatch, answers("a100_mig_1g.10gb_torch2.13"))
     value = v(reg, PROCESS)
@@ -247,8 +282,9 @@ def test_a_pid_namespace_that_hides_the_process_gives_nan_not_a_wrong_number(
     assert any("PID namespace" in r.getMessage() and "hostPID" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.parametrize(("name", "nvml"), [("a100_torch2.13_fraction", False),
-                                           ("v100_torch1.13_after_ooms", True)])  # no UUID to match NVML's by
+@pytest.mark.parametrize(
+    ("name", "nvml"), [("a100_torch2.13_fraction", False), ("v100_torch1.13_after_ooms", True)]
+)  # no UUID to match NVML's by
 def test_no_nvml_device_no_process_series(monkeypatch: pytest.MonkeyPatch, name: str, nvml: bool) -> None:
     reg, _ = scrape(monkeypatch, answers(name), nvml=nvml)
     assert v(reg, PROCESS) is None and v(reg, NON_ALLOCATOR) is None

@@ -125,9 +125,10 @@ def test_datasource_variable(name: str, dash: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("name", "dash"), DASHBOARDS, ids=IDS)
-@pytest.mark.parametrize(("var", "label", "multi"),
-                         [("job", "job", True), ("run_id", "run", True), ("instance", "instance", False),
-                          ("rank", "rank", True)])
+@pytest.mark.parametrize(
+    ("var", "label", "multi"),
+    [("job", "job", True), ("run_id", "run", True), ("instance", "instance", False), ("rank", "rank", True)],
+)
 def test_job_run_instance_rank_variables(name: str, dash: dict[str, Any], var: str, label: str, multi: bool) -> None:
     v = variables(dash).get(var)
     assert v is not None, f"{name}: no {var} variable"
@@ -150,7 +151,8 @@ def test_variables_are_scoped_to_the_run(name: str, dash: dict[str, Any]) -> Non
     # The Modules dashboard lists the ranks that export module rows; the others every rank of the run.
     detail = f", {DETAIL}" if name == "memexporter-modules.json" else ""
     assert selectors["variable/rank"] == (
-        f'memexporter_run_info{{job=~"$job", run_id=~"$run_id", instance=~"$instance"{detail}}}')
+        f'memexporter_run_info{{job=~"$job", run_id=~"$run_id", instance=~"$instance"{detail}}}'
+    )
     topk = variables(dash)["topk"]
     assert (topk["type"], topk["current"]["value"]) == ("custom", "10")
 
@@ -199,7 +201,7 @@ def test_every_query_selects_the_run_and_the_ranks_once(name: str, dash: dict[st
         selectors = _selectors(expr)
         assert selectors, f"{name} {key}: no metric selector in {expr!r}"
         for metric, matchers in selectors:
-            assert 'job=~"$job"' in matchers, f"{name} {key}: {metric} lacks job=~\"$job\""
+            assert 'job=~"$job"' in matchers, f'{name} {key}: {metric} lacks job=~"$job"'
         if key == "annotation/probable fatal OOM":
             continue  # the rank is gone, and with it its run_info: job only (checked below)
         assert 'run_id=~"$run_id"' in expr, f"{name} {key}: does not select the run"
@@ -213,10 +215,13 @@ def test_every_query_selects_the_run_and_the_ranks_once(name: str, dash: dict[st
 
 
 def test_run_wide_panels_are_marked() -> None:
-    marked = {(n, p["title"]) for n, d in DASHBOARDS for p in panels(d) if p["description"].endswith(dashboards.RUN_WIDE)}
+    marked = {
+        (n, p["title"]) for n, d in DASHBOARDS for p in panels(d) if p["description"].endswith(dashboards.RUN_WIDE)
+    }
     top = {p["title"] for p in BUILT["memexporter-overview.json"]["panels"] if p["type"] != "row"}
     assert marked == {("memexporter-overview.json", t) for t in top} | {
-        ("memexporter-ranks.json", "Peak spread across ranks (max - min)")}
+        ("memexporter-ranks.json", "Peak spread across ranks (max - min)")
+    }
 
 
 def _calls(expr: str, func: str) -> list[str]:
@@ -253,27 +258,33 @@ def test_overview_has_alert_and_phase_annotations() -> None:
         assert note["datasource"]["uid"] == DS_UID
     firing, fatal, phases = notes
     ranks = 'memexporter_run_info{job=~"$job", run_id=~"$run_id", instance=~"$instance", rank=~"$rank"}'
-    alerts = ('alertname=~"Memexporter.*", alertname!="MemexporterFatalOOMSuspected", alertstate="firing", '
-              'job=~"$job"')
+    alerts = 'alertname=~"Memexporter.*", alertname!="MemexporterFatalOOMSuspected", alertstate="firing", job=~"$job"'
     # The run-wide alerts of the selected runs; the per-rank ones of the selected ranks, except where
     # their run-wide twin fires (a leak on every rank: one mark, the run's, not 1,024).
     assert firing["expr"] == (
         f'ALERTS{{{alerts}, scope="run", run_id=~"$run_id"}}\nor\n'
         f'((ALERTS{{{alerts}, scope!="run"}} and on (job, instance, rank) {ranks}) '
-        f'unless on (job, namespace, run_id, alertname) ALERTS{{{alerts}, scope="run"}})')
+        f'unless on (job, namespace, run_id, alertname) ALERTS{{{alerts}, scope="run"}})'
+    )
     # The fatal OOM is marked once per run, at the moment its first target vanished (when the alert
     # went pending): the others stop with it.
-    assert fatal["expr"] == ('bottomk by (job, namespace, run_id) (1, ALERTS_FOR_STATE{'
-                             'alertname="MemexporterFatalOOMSuspected", job=~"$job", scope!="run"}) * 1000')
+    assert fatal["expr"] == (
+        "bottomk by (job, namespace, run_id) (1, ALERTS_FOR_STATE{"
+        'alertname="MemexporterFatalOOMSuspected", job=~"$job", scope!="run"}) * 1000'
+    )
     assert fatal["useValueForTime"] is True
     # Out-of-step phases (those the exporter keeps out of the step peak): a region while one is seen
     # open, and a mark where one completed (a phase shorter than a scrape is never seen open); one
     # series per run and phase, however many ranks evaluate.
     sel = 'phase=~"' + "|".join(sorted(OUT_OF_STEP_PHASES)) + '", job=~"$job"'
-    seen = (f"max by (job, instance, rank, phase) (memexporter_phase_active{{{sel}}} == 1 or "
-            f"changes(memexporter_phase_completed_total{{{sel}}}[$__rate_interval]) > 0)")
-    assert phases["expr"] == (f"max by (job, run_id, phase) (({seen} * on (job, instance, rank) group_left (run_id) "
-                              f"max by (job, instance, rank, run_id) ({ranks})))")
+    seen = (
+        f"max by (job, instance, rank, phase) (memexporter_phase_active{{{sel}}} == 1 or "
+        f"changes(memexporter_phase_completed_total{{{sel}}}[$__rate_interval]) > 0)"
+    )
+    assert phases["expr"] == (
+        f"max by (job, run_id, phase) (({seen} * on (job, instance, rank) group_left (run_id) "
+        f"max by (job, instance, rank, run_id) ({ranks})))"
+    )
     assert phases["useValueForTime"] is False
     assert "{{phase}}" in phases["titleFormat"]
 
@@ -310,13 +321,17 @@ def test_grafana_formatting_of_variables() -> None:
     assert dashboards.formatted(["0", "1", "12"]) == "(0|1|12)"
     assert dashboards.formatted("10.0.0.1:9400") == "10\\\\.0\\\\.0\\\\.1:9400"
     assert dashboards.formatted(["a|b", "c"]) == "(a\\\\|b|c)"
-    assert dashboards.interpolate('x{rank=~"$rank"}[$__rate_interval] "$1"', {"rank": "(1|2)", "__rate_interval": "1m"}) \
+    assert (
+        dashboards.interpolate('x{rank=~"$rank"}[$__rate_interval] "$1"', {"rank": "(1|2)", "__rate_interval": "1m"})
         == 'x{rank=~"(1|2)"}[1m] "$1"'
+    )
 
 
 _AGG = re.compile(r"(sum|min|max|avg|count|quantile|topk|bottomk)\s*(by\s*\(([^)]*)\))?\s*\(")
-_OPS = re.compile(r"\s(or|unless|and|[-+*/]|==|>|<)\s+(?:(?:on|ignoring)\s*\([^)]*\)\s*)?"
-                  r"(?:(?:group_left|group_right)\s*\([^)]*\)\s*)?")
+_OPS = re.compile(
+    r"\s(or|unless|and|[-+*/]|==|>|<)\s+(?:(?:on|ignoring)\s*\([^)]*\)\s*)?"
+    r"(?:(?:group_left|group_right)\s*\([^)]*\)\s*)?"
+)
 
 
 def _top_level(expr: str) -> str:
@@ -344,14 +359,17 @@ def bounded(expr: str) -> bool:
     ops = list(_OPS.finditer(top))
     if ops:
         weakest = min(ops, key=lambda m: {"or": 0, "unless": 1, "and": 1}.get(m.group(1), 2))
-        left, right, op = e[:weakest.start()], e[weakest.end():], weakest.group(1)
+        left, right, op = e[: weakest.start()], e[weakest.end() :], weakest.group(1)
         if op == "or":
             return bounded(left) and bounded(right)
         if op == "unless":
             return bounded(left)
         scalar = re.fullmatch(r"\s*([\d.]+|time\(\))\s*", left) or re.fullmatch(r"\s*[\d.]+\s*", right)
-        return bounded(right if re.fullmatch(r"\s*([\d.]+|time\(\))\s*", left) else left) if scalar \
+        return (
+            bounded(right if re.fullmatch(r"\s*([\d.]+|time\(\))\s*", left) else left)
+            if scalar
             else bounded(left) or bounded(right)
+        )
     if e.startswith("(") and top.endswith(")") and top.count("(") == 1:
         return bounded(e[1:-1])
     if re.fullmatch(r"[a-z_]+:[\w:]+\{[^}]*\}", e):
@@ -370,8 +388,8 @@ def test_the_bound_check_can_fail() -> None:
     assert not bounded('rate(memexporter_steps_total{job=~"$job"}[1m]) or topk(5, x)')
     assert not bounded("1 - memexporter_memory_peak_bytes / memexporter_memory_limit_bytes")
     assert bounded("1 - topk(5, memexporter_memory_peak_bytes / memexporter_memory_limit_bytes)")
-    assert bounded('x and on (job, instance, rank) topk($topk, y)')
-    assert bounded('max by (job, phase) (a) - min by (job) (b)')
+    assert bounded("x and on (job, instance, rank) topk($topk, y)")
+    assert bounded("max by (job, phase) (a) - min by (job) (b)")
 
 
 @pytest.mark.parametrize(("name", "dash"), DASHBOARDS, ids=IDS)
@@ -394,8 +412,9 @@ def test_overview_reads_the_run_and_drills_into_ranks_on_request() -> None:
     # The ranks are in a row collapsed by default: Grafana runs none of its queries until it is opened.
     assert row["collapsed"] is True
     assert dash["panels"][-1] is row
-    assert len(row["panels"]) == 15 and all("memexporter_run_info" in t["expr"] for p in row["panels"]
-                                             for t in p["targets"])
+    assert len(row["panels"]) == 15 and all(
+        "memexporter_run_info" in t["expr"] for p in row["panels"] for t in p["targets"]
+    )
 
 
 def test_module_panels_read_the_ranks_that_export_module_rows() -> None:
@@ -420,8 +439,13 @@ def test_gpu_only_marking_follows_the_spec_table() -> None:
             assert p["description"].removesuffix(dashboards.RUN_WIDE).endswith(dashboards.GPU_ONLY) == want, p["title"]
             if want:
                 marked.append(p["title"])
-    assert set(marked) == {"Allocator reserved vs allocated", "Allocator fragmentation", "Allocator retries and OOMs",
-                           "GPU memory, all processes (NVML)", "Memory outside the allocator"}
+    assert set(marked) == {
+        "Allocator reserved vs allocated",
+        "Allocator fragmentation",
+        "Allocator retries and OOMs",
+        "GPU memory, all processes (NVML)",
+        "Memory outside the allocator",
+    }
 
 
 # --- committed files and drift -------------------------------------------------------------------
@@ -519,16 +543,23 @@ def test_docs_describe_every_panel() -> None:
         assert f"## {dash['title']}" in doc, f"docs/dashboards.md has no section for {name}"
         for p in panels(dash):
             text = p["description"].removesuffix(dashboards.RUN_WIDE)
-            mark = (" *(GPU only)*" if text.endswith(dashboards.GPU_ONLY)
-                    else " *(sharded models only)*" if text.endswith(dashboards.SHARDED_ONLY) else "")
+            mark = (
+                " *(GPU only)*"
+                if text.endswith(dashboards.GPU_ONLY)
+                else " *(sharded models only)*"
+                if text.endswith(dashboards.SHARDED_ONLY)
+                else ""
+            )
             mark += " *(whole run)*" if text != p["description"] else ""
             assert f"| {p['title']}{mark} |" in doc, f"docs/dashboards.md does not describe {p['title']!r}"
 
 
 def test_at_end_reads_every_selector_at_the_end_of_the_range() -> None:
     expr = 'rate(memexporter_steps_total{job=~"$job"}[1m]) and on (job) memexporter_run_info{rank=~"$rank"}'
-    assert at_end(expr) == ('rate(memexporter_steps_total{job=~"$job"}[1m] @ end()) and on (job) '
-                            'memexporter_run_info{rank=~"$rank"} @ end()')
+    assert at_end(expr) == (
+        'rate(memexporter_steps_total{job=~"$job"}[1m] @ end()) and on (job) '
+        'memexporter_run_info{rank=~"$rank"} @ end()'
+    )
 
 
 @pytest.mark.parametrize("name", ["memexporter-overview.json", "memexporter-ranks.json"])

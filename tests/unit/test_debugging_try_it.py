@@ -18,7 +18,11 @@ def test_try_it_demo_outlives_the_leak_naming_by_minutes() -> None:
     command = re.search(r"Try it:\s*`(MEMEXPORTER_DEBUG=1 scripts/demo\.sh [^`]+)`", page)
     assert command is not None, "the Try it command of docs/debugging.md moved"
     flags = dict(re.findall(r"--([a-z-]+) ([0-9.]+)", command.group(1)))
-    leak, limit, interval = float(flags["leak-mib-per-step"]), float(flags["memory-limit-mib"]), float(flags["step-interval"])
+    leak, limit, interval = (
+        float(flags["leak-mib-per-step"]),
+        float(flags["memory-limit-mib"]),
+        float(flags["step-interval"]),
+    )
     steps_to_oom = (limit - BASELINE_MIB) / leak
     named_by = Config.resolve({}, environ={}).leak_window * interval  # the leak is named within its window
     assert steps_to_oom * interval >= 120, f"the demo stops after {steps_to_oom * interval:.0f} s"

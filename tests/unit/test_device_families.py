@@ -68,20 +68,31 @@ def info(reg: CollectorRegistry) -> list[dict[str, str]]:
 
 
 def all_collectors_succeeded(reg: CollectorRegistry) -> bool:
-    return all(reg.get_sample_value("memexporter_collector_success", {"rank": "3", "collector": c.name}) == 1
-               for c in catalogue())
+    return all(
+        reg.get_sample_value("memexporter_collector_success", {"rank": "3", "collector": c.name}) == 1
+        for c in catalogue()
+    )
 
 
 # --- The fixtures themselves -----------------------------------------------------------------------
 
+
 def test_family_fixtures_are_current_synthetic_and_torch_shaped() -> None:
     assert sorted(p.stem for p in FAMILIES_DIR.glob("*.json")) == sorted(FAMILY_FIXTURES)
     for name in FAMILY_FIXTURES:
-        assert (FAMILIES_DIR / f"{name}.json").read_text() == render(name), "rerun python -m tests.support.synthetic_fixtures"
+        assert (FAMILIES_DIR / f"{name}.json").read_text() == render(name), (
+            "rerun python -m tests.support.synthetic_fixtures"
+        )
         record = load(FAMILIES_DIR / f"{name}.json")
         assert record["synthetic"] is True and record["provenance"].startswith("SYNTHETIC, not measured on the device")
-    rocm, xpu, mps = answers(ROCM)["devices"]["0"]["memory_stats"], answers(XPU)["devices"]["0"]["memory_stats"], answers(MPS)
-    assert set(rocm) - {k for k in rocm if k.startswith(PRIVATE_POOLS)} == set(flatten(nested("2.13", {}, {}))) - {PRIVATE_POOLS}
+    rocm, xpu, mps = (
+        answers(ROCM)["devices"]["0"]["memory_stats"],
+        answers(XPU)["devices"]["0"]["memory_stats"],
+        answers(MPS),
+    )
+    assert set(rocm) - {k for k in rocm if k.startswith(PRIVATE_POOLS)} == set(flatten(nested("2.13", {}, {}))) - {
+        PRIVATE_POOLS
+    }
     assert set(xpu) == set(flatten(xpu_nested("2.13", {}))) and len(xpu) == 108
     assert set(mps["memory_stats"]) == set(flatten(accelerator_nested({}, {}))) and len(mps["memory_stats"]) == 122
     assert inconsistencies(rocm, "native") == [] and inconsistencies(xpu, "native") == []
@@ -90,6 +101,7 @@ def test_family_fixtures_are_current_synthetic_and_torch_shaped() -> None:
 
 
 # --- Which backends a build gets -------------------------------------------------------------------
+
 
 def test_this_cpu_build_is_cuda_family_and_each_family_gets_its_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     assert select.family() == "cuda"  # a CPU wheel: torch.cuda, which answers nothing until CUDA is up
@@ -106,6 +118,7 @@ def test_this_cpu_build_is_cuda_family_and_each_family_gets_its_backends(monkeyp
 
 # --- AMD: ROCm's torch.cuda and amdsmi -------------------------------------------------------------
 
+
 def test_rocm_oom_view_allocator_and_amdsmi_device_view(monkeypatch: pytest.MonkeyPatch) -> None:
     a = answers(ROCM)
     reg, _ = scrape(monkeypatch, ROCM, a)
@@ -120,9 +133,22 @@ def test_rocm_oom_view_allocator_and_amdsmi_device_view(monkeypatch: pytest.Monk
     mine = next(p for p in card["processes"] if p["pid"] == "self")["memory_usage"]["vram_mem"]
     assert v(reg, "memexporter_device_process_used_bytes", ROCM) == mine
     assert v(reg, "memexporter_device_non_allocator_bytes", ROCM) == mine - stats["reserved_bytes.all.current"]
-    assert info(reg) == [{"rank": "3", "device": "cuda:0", "uuid": card["uuid"], "name": "AMD Instinct MI325X",
-                          "pci_bus_id": "0000:c1:00.0", "gpu_uuid": card["uuid"], "gpu_instance_id": "", "vendor": "amd"}]
-    assert reg.get_sample_value("memexporter_host_pinned_bytes", {"rank": "3"}) == a["host_memory_stats"]["allocated_bytes.current"]
+    assert info(reg) == [
+        {
+            "rank": "3",
+            "device": "cuda:0",
+            "uuid": card["uuid"],
+            "name": "AMD Instinct MI325X",
+            "pci_bus_id": "0000:c1:00.0",
+            "gpu_uuid": card["uuid"],
+            "gpu_instance_id": "",
+            "vendor": "amd",
+        }
+    ]
+    assert (
+        reg.get_sample_value("memexporter_host_pinned_bytes", {"rank": "3"})
+        == a["host_memory_stats"]["allocated_bytes.current"]
+    )
     assert all_collectors_succeeded(reg)
 
 
@@ -132,8 +158,9 @@ def test_rocm_uuid_is_the_ascii_of_the_kfd_unique_id() -> None:
     assert unique_id("3f6a9c2e-8b1d-4e07-a5c9-72d41e0b9f63") is None  # an NVIDIA UUID is binary, no ASCII
 
 
-def test_rocm_card_without_a_unique_id_has_no_device_series(monkeypatch: pytest.MonkeyPatch,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_rocm_card_without_a_unique_id_has_no_device_series(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     a = answers(ROCM)
     a["devices"]["0"]["properties"]["uuid"] = "58580000-0000-0000-0000-000000000000"
     with caplog.at_level(logging.INFO, logger="memexporter"):
@@ -144,8 +171,9 @@ def test_rocm_card_without_a_unique_id_has_no_device_series(monkeypatch: pytest.
 
 
 @pytest.mark.parametrize(("change", "why"), [("hidden", "a PID namespace"), ("na", "N/A")])
-def test_rocm_process_the_driver_cannot_measure_is_nan_not_a_number(monkeypatch: pytest.MonkeyPatch, change: str,
-                                                                     why: str) -> None:
+def test_rocm_process_the_driver_cannot_measure_is_nan_not_a_number(
+    monkeypatch: pytest.MonkeyPatch, change: str, why: str
+) -> None:
     a = answers(ROCM)
     mine = next(p for p in a["amdsmi"]["gpus"][1]["processes"] if p["pid"] == "self")
     if change == "hidden":
@@ -170,7 +198,8 @@ def test_rocm_process_list_refused_costs_only_the_process_series(monkeypatch: py
 
 
 def test_rocm_without_amdsmi_keeps_the_allocator_side_and_only_says_so_at_info(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     a = answers(ROCM)
     a["amdsmi"] = None
     with caplog.at_level(logging.DEBUG, logger="memexporter"):
@@ -186,6 +215,7 @@ def test_rocm_without_amdsmi_keeps_the_allocator_side_and_only_says_so_at_info(
 
 # --- Intel: torch.xpu --------------------------------------------------------------------------------
 
+
 def test_xpu_oom_view_allocator_and_level_zero_device_view(monkeypatch: pytest.MonkeyPatch) -> None:
     a = answers(XPU)
     reg, _ = scrape(monkeypatch, XPU, a)
@@ -195,16 +225,29 @@ def test_xpu_oom_view_allocator_and_level_zero_device_view(monkeypatch: pytest.M
     assert v(reg, "memexporter_memory_limit_bytes", XPU) == stats["reserved_bytes.all.current"] + free
     assert v(reg, "memexporter_allocator_reserved_bytes", XPU) == stats["reserved_bytes.all.current"]
     assert v(reg, "memexporter_allocator_fragmentation_ratio", XPU) == pytest.approx(
-        stats["inactive_split_bytes.all.current"] / stats["reserved_bytes.all.current"])
+        stats["inactive_split_bytes.all.current"] / stats["reserved_bytes.all.current"]
+    )
     # XPU's allocator keeps no num_* counters: no series, rather than zeros that look measured.
     assert v(reg, "memexporter_allocator_ooms_total", XPU) is None
     assert v(reg, "memexporter_allocator_alloc_retries_total", XPU) is None
-    assert (v(reg, "memexporter_device_total_bytes", XPU), v(reg, "memexporter_device_free_bytes", XPU)) == (total, free)
+    assert (v(reg, "memexporter_device_total_bytes", XPU), v(reg, "memexporter_device_free_bytes", XPU)) == (
+        total,
+        free,
+    )
     assert v(reg, "memexporter_device_used_bytes", XPU) == total - free
     assert v(reg, "memexporter_device_process_used_bytes", XPU) is None  # torch exposes no per-process figure
-    assert info(reg) == [{"rank": "3", "device": "xpu:0", "uuid": dev["properties"]["uuid"],
-                          "name": "Intel(R) Arc(TM) Pro B60 Graphics", "pci_bus_id": "",
-                          "gpu_uuid": dev["properties"]["uuid"], "gpu_instance_id": "", "vendor": "intel"}]
+    assert info(reg) == [
+        {
+            "rank": "3",
+            "device": "xpu:0",
+            "uuid": dev["properties"]["uuid"],
+            "name": "Intel(R) Arc(TM) Pro B60 Graphics",
+            "pci_bus_id": "",
+            "gpu_uuid": dev["properties"]["uuid"],
+            "gpu_instance_id": "",
+            "vendor": "intel",
+        }
+    ]
     assert all_collectors_succeeded(reg)
 
 
@@ -219,7 +262,9 @@ def test_xpu_integrated_gpu_without_a_free_figure_has_no_limit_but_its_usage(mon
     a = answers(XPU)
     a["devices"]["0"]["mem_get_info"] = {"raises": IGPU_FREE_MEMORY}
     reg, _ = scrape(monkeypatch, XPU, a)
-    assert v(reg, "memexporter_memory_used_bytes", XPU) == a["devices"]["0"]["memory_stats"]["allocated_bytes.all.current"]
+    assert (
+        v(reg, "memexporter_memory_used_bytes", XPU) == a["devices"]["0"]["memory_stats"]["allocated_bytes.all.current"]
+    )
     assert v(reg, "memexporter_memory_limit_bytes", XPU) is None
     assert names(reg, "memexporter_device_") == set()
 
@@ -244,6 +289,7 @@ def test_xpu_not_initialised_is_never_initialised(monkeypatch: pytest.MonkeyPatc
 
 # --- Apple: MPS through torch.accelerator ---------------------------------------------------------
 
+
 def test_mps_oom_view_and_only_the_statistics_mps_keeps(monkeypatch: pytest.MonkeyPatch) -> None:
     a = answers(MPS)
     reg, _ = scrape(monkeypatch, MPS, a)
@@ -252,9 +298,13 @@ def test_mps_oom_view_and_only_the_statistics_mps_keeps(monkeypatch: pytest.Monk
     assert v(reg, "memexporter_memory_limit_bytes", MPS) == stats["reserved_bytes.all.current"] + free
     assert v(reg, "memexporter_allocator_peak_allocated_bytes", MPS) == stats["allocated_bytes.all.peak"]
     assert v(reg, "memexporter_allocator_peak_reserved_bytes", MPS) == stats["reserved_bytes.all.peak"]
-    kept = {"memexporter_allocator_allocated_bytes", "memexporter_allocator_reserved_bytes",
-            "memexporter_allocator_peak_allocated_bytes", "memexporter_allocator_peak_reserved_bytes",
-            "memexporter_allocator_info"}
+    kept = {
+        "memexporter_allocator_allocated_bytes",
+        "memexporter_allocator_reserved_bytes",
+        "memexporter_allocator_peak_allocated_bytes",
+        "memexporter_allocator_peak_reserved_bytes",
+        "memexporter_allocator_info",
+    }
     assert names(reg, "memexporter_allocator_") == kept  # the zeros MPS never fills are not exported
     assert names(reg, "memexporter_device_") == set() and all_collectors_succeeded(reg)
 
@@ -266,8 +316,9 @@ def test_mps_unused_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
     assert v(reg, "memexporter_memory_used_bytes", MPS) is None and "getDeviceStats" not in standin.calls
 
 
-def test_mps_before_torch_2_13_reports_nothing_and_says_why_once(monkeypatch: pytest.MonkeyPatch,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_mps_before_torch_2_13_reports_nothing_and_says_why_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     a = answers(MPS)
     a["allocator_initialized"] = {"raises": MPS_BEFORE_2_13}
     with caplog.at_level(logging.INFO, logger="memexporter"):
@@ -279,6 +330,7 @@ def test_mps_before_torch_2_13_reports_nothing_and_says_why_once(monkeypatch: py
 
 
 # --- The step tracker follows each family's device -----------------------------------------------
+
 
 @pytest.mark.parametrize("name", [ROCM, XPU, MPS])
 def test_step_boundaries_read_each_family_under_its_label(monkeypatch: pytest.MonkeyPatch, name: str) -> None:

@@ -30,7 +30,9 @@ from memexporter.config import Config
         ({"oom_dump_dir": 3}, {}, TypeError, "3"),
     ],
 )
-def test_bad_values_raise_naming_the_value(explicit: dict[str, object], env: dict[str, str], error: type, names: str) -> None:
+def test_bad_values_raise_naming_the_value(
+    explicit: dict[str, object], env: dict[str, str], error: type, names: str
+) -> None:
     with pytest.raises(error) as info:
         Config.resolve(explicit, environ=env)
     assert names in str(info.value)
@@ -58,8 +60,14 @@ def test_defaults_and_normalised_values() -> None:
     cfg = Config.resolve({}, environ={})
     assert (cfg.debug, cfg.debug_allow, cfg.record_history, cfg.oom_dump_dir) == (False, (), False, None)
     assert (cfg.census_every, cfg.census_budget) == (50, 0.005)
-    cfg = Config.resolve({}, environ={"MEMEXPORTER_DEBUG": "1", "MEMEXPORTER_DEBUG_ALLOW": "10.1.2.3/8 fd00::1/8",
-                                      "MEMEXPORTER_CENSUS_BUDGET": "0.01"})
+    cfg = Config.resolve(
+        {},
+        environ={
+            "MEMEXPORTER_DEBUG": "1",
+            "MEMEXPORTER_DEBUG_ALLOW": "10.1.2.3/8 fd00::1/8",
+            "MEMEXPORTER_CENSUS_BUDGET": "0.01",
+        },
+    )
     assert cfg.debug and cfg.debug_allow == ("10.0.0.0/8", "fd00::/8") and cfg.census_budget == 0.01
     assert Config.resolve({"debug_allow": ["192.168.1.7"]}, environ={}).debug_allow == ("192.168.1.7/32",)
 

@@ -66,7 +66,8 @@ def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 
 def test_a_full_disk_is_one_line_about_the_write_and_the_premortem_lands_when_space_returns(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     full = True
     monkeypatch.setattr(os, "fsync", failing_fsync(lambda: full))
     loop, premortem = near_oom(tmp_path)
@@ -75,7 +76,9 @@ def test_a_full_disk_is_one_line_about_the_write_and_the_premortem_lands_when_sp
     assert premortem.attempts == 1 and premortem.path is None and not premortem.done
     (line,) = errors(caplog)
     assert line.exc_info is None  # one line, no traceback
-    assert line.getMessage().startswith(f"memexporter: could not write the pre-mortem to {tmp_path}/memexporter-premortem-")
+    assert line.getMessage().startswith(
+        f"memexporter: could not write the pre-mortem to {tmp_path}/memexporter-premortem-"
+    )
     assert "No space left on device (ENOSPC)" in line.getMessage() and "attempt 1 of" in line.getMessage()
     assert not [r for r in caplog.records if "census failed" in r.getMessage()]
     assert list(tmp_path.iterdir()) == []  # the temporary file went with the failed write
@@ -86,7 +89,8 @@ def test_a_full_disk_is_one_line_about_the_write_and_the_premortem_lands_when_sp
 
 
 def test_a_dump_dir_that_became_a_file_is_retried_once_it_is_a_directory_again(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # A real failure, also as root: a component of the path is a regular file.
     parent = tmp_path / "scratch"
     parent.write_text("someone's file")
@@ -118,7 +122,9 @@ def test_a_read_only_dump_dir_is_said_and_retried(tmp_path: Path, caplog: pytest
     assert premortem.path is not None
 
 
-def test_retries_back_off_and_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_retries_back_off_and_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(os, "fsync", failing_fsync(lambda: True))
     loop, premortem = near_oom(tmp_path)
     attempted_at: list[int] = []
@@ -132,7 +138,7 @@ def test_retries_back_off_and_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                 break
     assert premortem.done and premortem.path is None and premortem.attempts == RETRY_ATTEMPTS
     gaps = [b - a for a, b in itertools.pairwise(attempted_at)]
-    assert gaps == [min(RETRY_TICKS_MAX, 2 ** k) + 1 for k in range(RETRY_ATTEMPTS - 1)]
+    assert gaps == [min(RETRY_TICKS_MAX, 2**k) + 1 for k in range(RETRY_ATTEMPTS - 1)]
     lines = [r.getMessage() for r in errors(caplog)]
     assert len(lines) == RETRY_ATTEMPTS and f"gave up after {RETRY_ATTEMPTS} attempts" in lines[-1]
     tick(loop, premortem, 5)
@@ -155,7 +161,9 @@ def test_a_slow_fsync_does_not_hold_the_training_thread(tmp_path: Path, monkeypa
     assert premortem.writer.flush(30) and premortem.path is not None
 
 
-def test_an_oom_dump_that_cannot_be_written_is_one_line_per_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_oom_dump_that_cannot_be_written_is_one_line_per_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     parent = tmp_path / "scratch"
     parent.write_text("someone's file")
     loop = Loop(leak=False, rss_per_step=0)
@@ -172,8 +180,9 @@ def test_an_oom_dump_that_cannot_be_written_is_one_line_per_file(tmp_path: Path,
     assert "could not write" in lines[0].getMessage() and lines[0].getMessage().count(".pickle") == 1
 
 
-def test_a_failing_premortem_census_is_named_for_the_premortem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_premortem_census_is_named_for_the_premortem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     loop, premortem = near_oom(tmp_path)
 
     def broken(step: int, reason: str = "", prompt: bool = False) -> None:

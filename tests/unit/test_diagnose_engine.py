@@ -43,8 +43,9 @@ class Loop:
         self.kept: list[torch.Tensor] = []
         self.leak, self.rss_per_step = leak, rss_per_step
         clock = Clock(3.0)
-        self.tracker = StepTracker(FakeCuda(), self.host, window=64, warmup_steps=0, clock=clock,
-                                   host_peak=lambda: self.host.value.rss)
+        self.tracker = StepTracker(
+            FakeCuda(), self.host, window=64, warmup_steps=0, clock=clock, host_peak=lambda: self.host.value.rss
+        )
         self.diagnosis = Diagnosis(sources(host=self.host, steps=self.tracker), every, budget=1.0, clock=clock)
         self.tracker.add_boundary_callback(self.diagnosis.on_boundary)
 
@@ -82,8 +83,10 @@ def test_a_leak_is_said_once_naming_the_group_and_its_holder(caplog: pytest.LogC
     with caplog.at_level(logging.WARNING, logger="memexporter"):
         loop.run(120)
     lines = [r.getMessage() for r in caplog.records if "leaking" in r.getMessage()]
-    assert lines == ["memexporter: leaking 1.0 MiB/step: float32[262144] on cpu, +1 per step, held by "
-                     "Loop.kept (list). Details: memexporter inspect"]
+    assert lines == [
+        "memexporter: leaking 1.0 MiB/step: float32[262144] on cpu, +1 per step, held by "
+        "Loop.kept (list). Details: memexporter inspect"
+    ]
     f = loop.diagnosis.findings
     assert f is not None
     top = f.growth[0]
@@ -121,7 +124,9 @@ def test_graphs_kept_across_steps_are_said_once(caplog: pytest.LogCaptureFixture
     assert len(lines) == 1 and "held by Loop.losses (list)" in lines[0] and "SumBackward0" in lines[0]
 
 
-def test_failures_are_counted_and_never_raised(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_failures_are_counted_and_never_raised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     def broken(step: int, previous: Any) -> Any:
         raise RuntimeError("census exploded")
 
@@ -178,10 +183,27 @@ class FakeAllocator:
         return self.initialized
 
     def memory_snapshot(self) -> dict[str, Any] | None:
-        block = {"address": 1 << 40, "size": 2 * MiB, "requested_size": 2 * MiB, "state": "active_allocated", "frames": []}
-        segment = {"device": 0, "address": 1 << 40, "total_size": 2 * MiB, "allocated_size": 2 * MiB,
-                   "active_size": 2 * MiB, "requested_size": 2 * MiB, "stream": 0, "segment_type": "large",
-                   "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": [block]}
+        block = {
+            "address": 1 << 40,
+            "size": 2 * MiB,
+            "requested_size": 2 * MiB,
+            "state": "active_allocated",
+            "frames": [],
+        }
+        segment = {
+            "device": 0,
+            "address": 1 << 40,
+            "total_size": 2 * MiB,
+            "allocated_size": 2 * MiB,
+            "active_size": 2 * MiB,
+            "requested_size": 2 * MiB,
+            "stream": 0,
+            "segment_type": "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": False,
+            "frames": [],
+            "blocks": [block],
+        }
         return {"segments": [segment], "device_traces": [[]]}
 
     def record_memory_history(self, max_entries: int) -> None:

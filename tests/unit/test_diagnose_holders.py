@@ -142,8 +142,7 @@ def test_a_traceback_keeps_a_finished_frame_and_its_locals() -> None:
     except ValueError as exc:
         r.last_error = exc  # type: ignore[attr-defined]  # the classic: an exception kept with its traceback
     frame = r.last_error.__traceback__.tb_next.tb_frame  # type: ignore[attr-defined]
-    assert holder(frame.f_locals["activations"]) == [
-        "failing_step() local activations (Tensor)"]
+    assert holder(frame.f_locals["activations"]) == ["failing_step() local activations (Tensor)"]
 
 
 def test_several_samples_in_one_walk_keep_their_own_paths() -> None:

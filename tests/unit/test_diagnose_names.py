@@ -10,8 +10,20 @@ from memexporter.diagnose.names import attribute, shown, subscript
 
 @pytest.mark.parametrize(
     "key",
-    ["train", "val_loss", "layer_3", "0", "12", "tokens", "num_tokens", "input_ids", "query", "TransformerBlock",
-     "key", ("block_" * 7)[:40]],
+    [
+        "train",
+        "val_loss",
+        "layer_3",
+        "0",
+        "12",
+        "tokens",
+        "num_tokens",
+        "input_ids",
+        "query",
+        "TransformerBlock",
+        "key",
+        ("block_" * 7)[:40],
+    ],
 )
 def test_names_from_code_are_shown(key: str) -> None:
     assert shown(key) and subscript(key) == f"[{key!r}]"
@@ -20,13 +32,24 @@ def test_names_from_code_are_shown(key: str) -> None:
 @pytest.mark.parametrize(
     "key",
     [
-        "sk-proj-Zq81hTfA0pLm4",           # an API key: not an identifier
+        "sk-proj-Zq81hTfA0pLm4",  # an API key: not an identifier
         "sk_live_4eC39HqLyjWDarjtT1zdp7",  # an identifier, random-looking
-        "a3f9c2e1b7d04f5a9e8c",            # a hex digest
-        "ghp_" + "A" * 30,                 # a long run
-        "hf_token", "password", "db_passwd", "client_secret", "api_key", "AWS_ACCESS_KEY", "session_id",
-        "user@example.com", "/home/alice/data.pt", "what is the capital of France?", "",
-        "x" * 41, "größe", "123456789",
+        "a3f9c2e1b7d04f5a9e8c",  # a hex digest
+        "ghp_" + "A" * 30,  # a long run
+        "hf_token",
+        "password",
+        "db_passwd",
+        "client_secret",
+        "api_key",
+        "AWS_ACCESS_KEY",
+        "session_id",
+        "user@example.com",
+        "/home/alice/data.pt",
+        "what is the capital of France?",
+        "",
+        "x" * 41,
+        "größe",
+        "123456789",
     ],
 )
 def test_data_and_secrets_are_redacted_to_their_length(key: str) -> None:

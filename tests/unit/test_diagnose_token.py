@@ -67,8 +67,9 @@ def test_a_group_readable_folder_is_closed_and_a_symlink_refused(home: Path) -> 
 
 
 def test_files_of_dead_processes_are_skipped(home: Path) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     folder = home / "run" / "memexporter"
     folder.mkdir(mode=0o700)
     stale = folder / f"memexporter-{socket.gethostname()}-{dead.stdout.strip()}-9400.token"
@@ -91,7 +92,9 @@ def test_compared_in_full_and_never_shown() -> None:
 
 
 def test_from_the_environment_at_least_16_characters() -> None:
-    assert DebugToken.create(environ={"MEMEXPORTER_DEBUG_TOKEN": "a-shared-secret-value"}).value == "a-shared-secret-value"
+    assert (
+        DebugToken.create(environ={"MEMEXPORTER_DEBUG_TOKEN": "a-shared-secret-value"}).value == "a-shared-secret-value"
+    )
     for bad in ("too-short", "has a space in it, long enough"):
         with pytest.raises(ValueError, match="MEMEXPORTER_DEBUG_TOKEN must be") as err:
             DebugToken.create(environ={"MEMEXPORTER_DEBUG_TOKEN": bad})

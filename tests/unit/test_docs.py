@@ -21,8 +21,12 @@ def stale_copy(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     for name, (page, _) in docs.BLOCKS.items():
         path = folder / page
         fresh.setdefault(page, path.read_text(encoding="utf-8"))
-        stale, n = re.subn(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", r"\1| old | table |\n\2",
-                           path.read_text(encoding="utf-8"), flags=re.S)
+        stale, n = re.subn(
+            rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)",
+            r"\1| old | table |\n\2",
+            path.read_text(encoding="utf-8"),
+            flags=re.S,
+        )
         assert n == 1, f"{page} has no {name} block"
         path.write_text(stale, encoding="utf-8")
     return folder, fresh
@@ -33,8 +37,9 @@ def test_check_passes_on_the_committed_docs(capsys: pytest.CaptureFixture[str]) 
     assert capsys.readouterr().out == ""
 
 
-def test_check_fails_on_stale_pages_and_a_run_renders_them_back(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_fails_on_stale_pages_and_a_run_renders_them_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder, fresh = stale_copy(tmp_path)
     assert docs.main(["--check", "--docs", str(folder)]) == 1
     said = capsys.readouterr().out

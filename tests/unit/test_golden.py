@@ -33,8 +33,9 @@ def _registry() -> CollectorRegistry:
     host = with_host()
     clock = iter(float(t) for t in range(10**6))
     wall = iter(1.8e9 + t for t in range(10**6))
-    tracker = StepTracker(cuda, host, window=64, warmup_steps=0, clock=lambda: next(clock), host_peak=lambda: 0,
-                          wall=lambda: next(wall))
+    tracker = StepTracker(
+        cuda, host, window=64, warmup_steps=0, clock=lambda: next(clock), host_peak=lambda: 0, wall=lambda: next(wall)
+    )
     phase_tracker = PhaseTracker(tracker, clock=lambda: next(clock), wall=lambda: next(wall))
     for i in range(40):  # a synthetic 1 MiB/step leak on cuda:0, flat host
         cuda.stats[0] = {**cuda.stats[0], "allocated_bytes.all.current": 3 * 1024 * MiB + i * MiB}
@@ -60,7 +61,9 @@ def _check(name: str, text: str) -> Path:
     path = GOLDEN / name
     if os.environ.get("MEMEXPORTER_UPDATE_GOLDEN"):
         path.write_text(text)
-    assert text == path.read_text(), f"exposition changed; if deliberate, rerun with MEMEXPORTER_UPDATE_GOLDEN=1 ({path})"
+    assert text == path.read_text(), (
+        f"exposition changed; if deliberate, rerun with MEMEXPORTER_UPDATE_GOLDEN=1 ({path})"
+    )
     return path
 
 
@@ -70,7 +73,9 @@ def test_text_exposition_matches_golden_and_promtool_accepts_it() -> None:
     with path.open("rb") as f:
         out = subprocess.run([promtool, "check", "metrics"], stdin=f, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.strip() == "" and out.stderr.strip() == "", "promtool has lint findings:\n" + out.stdout + out.stderr
+    assert out.stdout.strip() == "" and out.stderr.strip() == "", (
+        "promtool has lint findings:\n" + out.stdout + out.stderr
+    )
 
 
 def test_openmetrics_exposition_matches_golden() -> None:

@@ -28,10 +28,15 @@ def _write(root: Path, rel: str, files: dict[str, str]) -> None:
 def test_v2_limit_and_working_set(tmp_path: Path) -> None:
     proc = tmp_path / "cgroup"
     proc.write_text("0::/kubepods/pod1/ctr\n")
-    _write(tmp_path / "fs", "kubepods/pod1/ctr", {
-        "memory.max": f"{512 * MiB}\n", "memory.current": f"{300 * MiB}\n",
-        "memory.stat": f"anon 1\ninactive_file {100 * MiB}\n",
-    })
+    _write(
+        tmp_path / "fs",
+        "kubepods/pod1/ctr",
+        {
+            "memory.max": f"{512 * MiB}\n",
+            "memory.current": f"{300 * MiB}\n",
+            "memory.stat": f"anon 1\ninactive_file {100 * MiB}\n",
+        },
+    )
     cg = read_cgroup(tmp_path / "fs", proc)
     assert cg is not None
     assert cg.limit == 512 * MiB
@@ -57,10 +62,15 @@ def test_v2_unlimited_is_none(tmp_path: Path) -> None:
 def test_v1_limit(tmp_path: Path) -> None:
     proc = tmp_path / "cgroup"
     proc.write_text("12:cpu,cpuacct:/x\n9:memory:/docker/abc\n")
-    _write(tmp_path / "fs", "memory/docker/abc", {
-        "memory.limit_in_bytes": f"{1024 * MiB}", "memory.usage_in_bytes": f"{600 * MiB}",
-        "memory.stat": f"total_inactive_file {50 * MiB}\n",
-    })
+    _write(
+        tmp_path / "fs",
+        "memory/docker/abc",
+        {
+            "memory.limit_in_bytes": f"{1024 * MiB}",
+            "memory.usage_in_bytes": f"{600 * MiB}",
+            "memory.stat": f"total_inactive_file {50 * MiB}\n",
+        },
+    )
     cg = read_cgroup(tmp_path / "fs", proc)
     assert cg is not None
     assert (cg.limit, cg.usage) == (1024 * MiB, 550 * MiB)
@@ -105,8 +115,10 @@ def test_children_rss_counts_real_child_processes() -> None:
     backend = HostBackend()
     before = backend.children_rss()
     # A child that holds ~64 MiB resident, and a grandchild of its own.
-    code = ("import subprocess, sys, time; b = bytearray(64 << 20); "
-            "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); print('ready', flush=True); time.sleep(30)")
+    code = (
+        "import subprocess, sys, time; b = bytearray(64 << 20); "
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); print('ready', flush=True); time.sleep(30)"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
@@ -148,7 +160,7 @@ def test_rss_from_statm_agrees_with_psutil_and_grows_with_a_real_allocation() ->
     # A fresh anonymous mapping, each page written: resident pages that no allocator can hand back
     # from an earlier free (CI once saw 0 growth from b"\xff" * 64 MiB in a busy worker).
     with mmap.mmap(-1, 64 * MiB) as block:
-        block[::mmap.PAGESIZE] = b"\xff" * (64 * MiB // mmap.PAGESIZE)
+        block[:: mmap.PAGESIZE] = b"\xff" * (64 * MiB // mmap.PAGESIZE)
         grown = _grown_by(backend, before, 60 * MiB)
     assert 60 * MiB < grown < 80 * MiB, grown
 
@@ -192,7 +204,9 @@ def test_rss_in_a_forked_child_is_the_childs() -> None:
     assert abs(through_backend - own) < 4 * 2**20, (through_backend, own, parent)
 
 
-def test_binary_bytes_in_a_cgroup_file_mean_no_limit_known_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_binary_bytes_in_a_cgroup_file_mean_no_limit_known_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     proc = tmp_path / "cgroup"
     proc.write_text("0::/ctr\n")
     _write(tmp_path / "fs", "ctr", {"memory.current": f"{60 * MiB}"})
@@ -208,7 +222,9 @@ def test_binary_bytes_in_a_cgroup_file_mean_no_limit_known_said_once(tmp_path: P
 
 
 @pytest.mark.parametrize("garbage", [b"\xff\xfe0::/\n", b"0::/\n"])
-def test_a_bad_cgroup_file_costs_only_the_cgroup_figure_never_the_host_collector(garbage: bytes, tmp_path: Path) -> None:
+def test_a_bad_cgroup_file_costs_only_the_cgroup_figure_never_the_host_collector(
+    garbage: bytes, tmp_path: Path
+) -> None:
     proc = tmp_path / "cgroup"
     proc.write_bytes(garbage)
     (tmp_path / "fs").mkdir()
@@ -221,8 +237,9 @@ def test_a_bad_cgroup_file_costs_only_the_cgroup_figure_never_the_host_collector
         assert limit == psutil.virtual_memory().total  # no cgroup limit known: the machine's
 
 
-def test_a_failing_rss_read_shows_on_the_collectors_and_the_rest_stays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_rss_read_shows_on_the_collectors_and_the_rest_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # No /proc/self/statm to read, and psutil's memory_info() raising (a sandbox denying it).
     def denied(self: psutil.Process) -> None:
         raise psutil.AccessDenied(self.pid, "memory_info")
@@ -235,6 +252,7 @@ def test_a_failing_rss_read_shows_on_the_collectors_and_the_rest_stays(tmp_path:
     reg = registry_for(sources(cuda, nvml, host, steps=tracker))  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="memexporter"):
         for _ in range(3):
+
             def get(name: str, **labels: str) -> float | None:
                 return reg.get_sample_value(name, {"rank": "3", **labels})
 

@@ -78,11 +78,14 @@ def test_the_package_has_no_import_cycle() -> None:
     edges = graph(module_names())
     found = cycles(edges)
     assert not found, "import cycles: " + "; ".join(
-        " <-> ".join(f"{m} (imports {sorted(edges[m] & set(c))})" for m in c) for c in found)
+        " <-> ".join(f"{m} (imports {sorted(edges[m] & set(c))})" for m in c) for c in found
+    )
 
 
 def test_the_spec_table_is_a_leaf() -> None:
-    assert graph(module_names())["memexporter.metrics"] == set(), "metrics.py (the spec table) imports nothing of the package"
+    assert graph(module_names())["memexporter.metrics"] == set(), (
+        "metrics.py (the spec table) imports nothing of the package"
+    )
 
 
 def test_a_type_only_cycle_is_found(tmp_path: Path) -> None:

@@ -59,8 +59,15 @@ def test_prometheusrule_spec_is_exactly_the_rules_file() -> None:
     text = rules.render()
     resource = yaml.safe_load(kube.prometheus_rule(text, namespace="monitoring", labels={"release": "kps"}))
     assert resource["spec"] == yaml.safe_load(text)
-    assert resource["metadata"] == {"name": "memexporter", "namespace": "monitoring", "labels": {
-        "app.kubernetes.io/name": "memexporter", "app.kubernetes.io/part-of": "memexporter", "release": "kps"}}
+    assert resource["metadata"] == {
+        "name": "memexporter",
+        "namespace": "monitoring",
+        "labels": {
+            "app.kubernetes.io/name": "memexporter",
+            "app.kubernetes.io/part-of": "memexporter",
+            "release": "kps",
+        },
+    }
     assert crd_errors(resource) == []
 
 
@@ -80,8 +87,26 @@ def test_crd_check_catches_what_the_api_server_would_drop() -> None:
 
 
 def test_cli_renders_a_prometheusrule_with_selector_namespace_and_labels(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["rules", "--format", "prometheusrule", "--selector", 'job="trainer"', "--namespace", "ml",
-                     "--label", "release=kps", "--label", "team=ml-infra", "--name", "trainer-memory"]) == 0
+    assert (
+        cli.main(
+            [
+                "rules",
+                "--format",
+                "prometheusrule",
+                "--selector",
+                'job="trainer"',
+                "--namespace",
+                "ml",
+                "--label",
+                "release=kps",
+                "--label",
+                "team=ml-infra",
+                "--name",
+                "trainer-memory",
+            ]
+        )
+        == 0
+    )
     resource = yaml.safe_load(capsys.readouterr().out)
     assert resource["metadata"]["name"] == "trainer-memory"
     assert resource["metadata"]["namespace"] == "ml"
@@ -93,18 +118,22 @@ def test_cli_renders_a_prometheusrule_with_selector_namespace_and_labels(capsys:
     assert crd_errors(resource) == []
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--label", "release=kps"], "apply to --format prometheusrule"),
-    (["--format", "prometheusrule", "--label", "release"], "'release' must be KEY=VALUE"),
-    (["--format", "prometheusrule", "--label", "bad key=1"], "label key 'bad key'"),
-    (["--format", "prometheusrule", "--label", "release=" + "x" * 64], "label value"),
-    (["--format", "prometheusrule", "--label", "Example.COM/team=a"], "label key prefix 'Example.COM'"),
-    (["--format", "prometheusrule", "--namespace", "My_NS"], "namespace 'My_NS'"),
-    (["--format", "prometheusrule", "--name", "memexporter rules"], "object name 'memexporter rules'"),
-    (["--format", "prometheusrules"], "invalid choice: 'prometheusrules'"),
-])
-def test_rules_cli_rejects_bad_kubernetes_options(argv: list[str], message: str,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--label", "release=kps"], "apply to --format prometheusrule"),
+        (["--format", "prometheusrule", "--label", "release"], "'release' must be KEY=VALUE"),
+        (["--format", "prometheusrule", "--label", "bad key=1"], "label key 'bad key'"),
+        (["--format", "prometheusrule", "--label", "release=" + "x" * 64], "label value"),
+        (["--format", "prometheusrule", "--label", "Example.COM/team=a"], "label key prefix 'Example.COM'"),
+        (["--format", "prometheusrule", "--namespace", "My_NS"], "namespace 'My_NS'"),
+        (["--format", "prometheusrule", "--name", "memexporter rules"], "object name 'memexporter rules'"),
+        (["--format", "prometheusrules"], "invalid choice: 'prometheusrules'"),
+    ],
+)
+def test_rules_cli_rejects_bad_kubernetes_options(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["rules", *argv])
     assert exit_info.value.code == 2
@@ -112,8 +141,20 @@ def test_rules_cli_rejects_bad_kubernetes_options(argv: list[str], message: str,
 
 
 def test_dashboards_as_configmaps_for_the_sidecar(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["dashboards", "--format", "configmap", "--namespace", "monitoring",
-                     "--annotation", "grafana_folder=Training"]) == 0
+    assert (
+        cli.main(
+            [
+                "dashboards",
+                "--format",
+                "configmap",
+                "--namespace",
+                "monitoring",
+                "--annotation",
+                "grafana_folder=Training",
+            ]
+        )
+        == 0
+    )
     maps = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     built = dashboards.build()
     assert [m["metadata"]["name"] for m in maps] == sorted(n.removesuffix(".json") for n in built)
@@ -122,7 +163,7 @@ def test_dashboards_as_configmaps_for_the_sidecar(capsys: pytest.CaptureFixture[
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"  # a string: label values are strings
         assert cm["metadata"]["namespace"] == "monitoring"
         assert cm["metadata"]["annotations"] == {"grafana_folder": "Training"}
-        (filename, text), = cm["data"].items()  # one dashboard per ConfigMap, as the chart recommends
+        ((filename, text),) = cm["data"].items()  # one dashboard per ConfigMap, as the chart recommends
         assert json.loads(text) == built[filename]
         assert re.fullmatch(r"[-._a-zA-Z0-9]+", filename)  # a valid ConfigMap key
         # kubectl's client-side apply stores the object in a 256 KiB annotation
@@ -146,8 +187,9 @@ def test_dashboards_json_files_from_the_installed_package(tmp_path: Path) -> Non
     assert written == {name: (committed / name).read_text(encoding="utf-8") for name in written}
 
 
-def test_dashboards_without_arguments_writes_a_folder_here_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dashboards_without_arguments_writes_a_folder_here_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # it failed with exit status 2 (issue 27)
     assert cli.main(["dashboards"]) == 0
     folder = tmp_path / export.DEFAULT_FOLDER
@@ -155,24 +197,29 @@ def test_dashboards_without_arguments_writes_a_folder_here_and_says_so(tmp_path:
     assert f"wrote 3 dashboards to {export.DEFAULT_FOLDER}:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [["rules"], ["rules", "--format", "prometheusrule"],
-                                     ["dashboards", "--format", "configmap"]])
-def test_a_write_to_output_says_what_it_wrote(command: list[str], tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "command", [["rules"], ["rules", "--format", "prometheusrule"], ["dashboards", "--format", "configmap"]]
+)
+def test_a_write_to_output_says_what_it_wrote(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = tmp_path / "out.yaml"
     assert cli.main([*command, "--output", str(target)]) == 0  # `rules --output` was silent
     said = capsys.readouterr()
     assert said.out == "" and f"wrote {target}" in said.err and target.stat().st_size > 0
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--output", "x", "--namespace", "monitoring"], "apply to --format configmap"),
-    (["--format", "configmap", "--sidecar-label", "grafana_dashboard"], "must be KEY=VALUE"),
-    (["--format", "configmap", "--annotation", "=x"], "annotation key ''"),
-])
-def test_dashboards_cli_rejects_bad_options(argv: list[str], message: str, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--output", "x", "--namespace", "monitoring"], "apply to --format configmap"),
+        (["--format", "configmap", "--sidecar-label", "grafana_dashboard"], "must be KEY=VALUE"),
+        (["--format", "configmap", "--annotation", "=x"], "annotation key ''"),
+    ],
+)
+def test_dashboards_cli_rejects_bad_options(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["dashboards", *argv])

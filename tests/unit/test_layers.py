@@ -39,19 +39,32 @@ def modules() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
-@pytest.mark.parametrize(("target", "owner"), [("torch.cuda", "backends/torch.py"), ("pynvml", "backends/nvml.py"),
-                                               ("torch.xpu", "backends/xpu.py"), ("amdsmi", "backends/amdsmi.py")])
+@pytest.mark.parametrize(
+    ("target", "owner"),
+    [
+        ("torch.cuda", "backends/torch.py"),
+        ("pynvml", "backends/nvml.py"),
+        ("torch.xpu", "backends/xpu.py"),
+        ("amdsmi", "backends/amdsmi.py"),
+    ],
+)
 def test_one_module_touches_each_device_library(target: str, owner: str) -> None:
-    users = {str(p.relative_to(PACKAGE)) for p in modules()
-             if any(m == target or m.startswith(f"{target}.") for m in imports(p))}
+    users = {
+        str(p.relative_to(PACKAGE))
+        for p in modules()
+        if any(m == target or m.startswith(f"{target}.") for m in imports(p))
+    }
     assert users == {owner}
 
 
-@pytest.mark.parametrize(("pattern", "owner"), [
-    (r"\btorch\.xpu\.", "backends/xpu.py"),
-    (r"\btorch\.mps\.", None),  # every torch.mps memory call creates the Metal device: none is made
-    (r"\btorch\.accelerator\.(memory_stats|get_memory_info|memory_allocated)", "backends/mps.py"),
-])
+@pytest.mark.parametrize(
+    ("pattern", "owner"),
+    [
+        (r"\btorch\.xpu\.", "backends/xpu.py"),
+        (r"\btorch\.mps\.", None),  # every torch.mps memory call creates the Metal device: none is made
+        (r"\btorch\.accelerator\.(memory_stats|get_memory_info|memory_allocated)", "backends/mps.py"),
+    ],
+)
 def test_device_memory_calls_stay_in_their_backend(pattern: str, owner: str | None) -> None:
     # torch.xpu and torch.accelerator come with ``import torch``: the imports alone do not tell, the
     # attribute chains in the code do (docstrings and help texts may name them).
@@ -69,5 +82,9 @@ def test_backend_protocols_live_in_a_leaf_module() -> None:
 
 def test_tracking_never_imports_the_scrape_side() -> None:
     for path in sorted((PACKAGE / "tracking").glob("*.py")):
-        bad = {m for m in imports(path) if m.startswith(("memexporter.scrape", "memexporter.collectors", "memexporter.registry"))}
+        bad = {
+            m
+            for m in imports(path)
+            if m.startswith(("memexporter.scrape", "memexporter.collectors", "memexporter.registry"))
+        }
         assert not bad, f"{path.name} imports {bad}"

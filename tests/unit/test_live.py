@@ -44,18 +44,24 @@ def test_history_never_raises_into_training() -> None:
     assert history.points() == []
 
 
-@pytest.mark.parametrize(("seconds", "said"), [(40, "40 s"), (14 * 60 + 5, "14 m"), (2 * 3600 + 10 * 60, "2 h 10 m"),
-                                               (3 * 86400 + 7200, "3 d 2 h")])
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(40, "40 s"), (14 * 60 + 5, "14 m"), (2 * 3600 + 10 * 60, "2 h 10 m"), (3 * 86400 + 7200, "3 d 2 h")],
+)
 def test_durations_read_as_said(seconds: float, said: str) -> None:
     assert fmt_duration(seconds) == said
 
 
 def test_the_eta_in_words() -> None:
     growing = {"leak_rate_bytes_per_second": MiB, "leak_bytes_per_step": 8 * MiB, "oom_eta_seconds": 7800.0}
-    assert in_words(growing) == ("memory held between steps grows 1.0 MiB/s (8.0 MiB per step); at this rate the peak "
-                                 "reaches the limit in 2 h 10 m")
-    assert in_words({"leak_rate_bytes_per_second": 0.0, "oom_eta_seconds": math.inf}) == \
-        "memory held between steps is not growing"
+    assert in_words(growing) == (
+        "memory held between steps grows 1.0 MiB/s (8.0 MiB per step); at this rate the peak "
+        "reaches the limit in 2 h 10 m"
+    )
+    assert (
+        in_words({"leak_rate_bytes_per_second": 0.0, "oom_eta_seconds": math.inf})
+        == "memory held between steps is not growing"
+    )
     assert in_words({}) == "not enough steps yet to tell whether memory grows"
 
 
@@ -69,8 +75,11 @@ def test_document_from_samples() -> None:
         ("memexporter_steps_total", {"rank": "3"}, 42.0),
         ("memexporter_collector_success", {"rank": "3", "collector": "device"}, 0.0),
         ("memexporter_collector_success", {"rank": "3", "collector": "memory"}, 1.0),
-        *[(f"memexporter_module_{fam}_bytes", {"rank": "3", "module": f"blocks.{i}"}, float(i * MiB))
-          for i in range(TOP_MODULES + 3) for fam in ("parameter", "gradient")],
+        *[
+            (f"memexporter_module_{fam}_bytes", {"rank": "3", "module": f"blocks.{i}"}, float(i * MiB))
+            for i in range(TOP_MODULES + 3)
+            for fam in ("parameter", "gradient")
+        ],
     ]
     doc = document(samples, None)
     assert doc["rank"] == "3" and doc["steps"] == 42

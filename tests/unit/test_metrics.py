@@ -14,21 +14,37 @@ ROOT = Path(__file__).resolve().parents[2]
 # The metric names DESIGN.md §4 fixes as the contract: dashboards, alerts and users' queries rely
 # on them. They may only change with a note on the issue (and here).
 CONTRACT = (
-    "memexporter_memory_used_bytes", "memexporter_memory_limit_bytes", "memexporter_memory_peak_bytes",
-    "memexporter_memory_baseline_bytes", "memexporter_leak_rate_bytes_per_second", "memexporter_leak_bytes_per_step",
-    "memexporter_oom_eta_seconds", "memexporter_steps_total",
+    "memexporter_memory_used_bytes",
+    "memexporter_memory_limit_bytes",
+    "memexporter_memory_peak_bytes",
+    "memexporter_memory_baseline_bytes",
+    "memexporter_leak_rate_bytes_per_second",
+    "memexporter_leak_bytes_per_step",
+    "memexporter_oom_eta_seconds",
+    "memexporter_steps_total",
     *(f"memexporter_allocator_{n}_bytes" for n in ("allocated", "reserved", "active", "inactive_split", "requested")),
-    "memexporter_allocator_peak_allocated_bytes", "memexporter_allocator_peak_reserved_bytes",
-    "memexporter_allocator_alloc_retries_total", "memexporter_allocator_ooms_total",
-    "memexporter_allocator_device_allocations_total", "memexporter_allocator_device_frees_total",
+    "memexporter_allocator_peak_allocated_bytes",
+    "memexporter_allocator_peak_reserved_bytes",
+    "memexporter_allocator_alloc_retries_total",
+    "memexporter_allocator_ooms_total",
+    "memexporter_allocator_device_allocations_total",
+    "memexporter_allocator_device_frees_total",
     "memexporter_allocator_fragmentation_ratio",
-    "memexporter_device_total_bytes", "memexporter_device_used_bytes", "memexporter_device_free_bytes",
+    "memexporter_device_total_bytes",
+    "memexporter_device_used_bytes",
+    "memexporter_device_free_bytes",
     "memexporter_device_info",
-    "memexporter_host_rss_bytes", "memexporter_host_children_rss_bytes", "memexporter_host_available_bytes",
+    "memexporter_host_rss_bytes",
+    "memexporter_host_children_rss_bytes",
+    "memexporter_host_available_bytes",
     "memexporter_host_limit_bytes",
-    "memexporter_module_parameter_bytes", "memexporter_module_gradient_bytes",
-    "memexporter_module_optimizer_state_bytes", "memexporter_module_activation_bytes",
-    "memexporter_build_info", "memexporter_process_info", "memexporter_collector_success",
+    "memexporter_module_parameter_bytes",
+    "memexporter_module_gradient_bytes",
+    "memexporter_module_optimizer_state_bytes",
+    "memexporter_module_activation_bytes",
+    "memexporter_build_info",
+    "memexporter_process_info",
+    "memexporter_collector_success",
     "memexporter_collector_duration_seconds",
 )
 
@@ -66,8 +82,10 @@ def test_metrics_named_in_the_docs_exist(doc: Path) -> None:
 
 
 def test_the_name_pattern_finds_names_and_skips_rules_and_prefixes() -> None:
-    text = ("`memexporter_steps_total` and memexporter_oom_eta_seconds{rank}; rank:memexporter_memory_peak_bytes:max; "
-            "`memexporter_module_*`; memexporter_allocator_{allocated,reserved}_bytes")
+    text = (
+        "`memexporter_steps_total` and memexporter_oom_eta_seconds{rank}; rank:memexporter_memory_peak_bytes:max; "
+        "`memexporter_module_*`; memexporter_allocator_{allocated,reserved}_bytes"
+    )
     assert sorted(_NAME.findall(text)) == ["memexporter_oom_eta_seconds", "memexporter_steps_total"]
 
 

@@ -26,8 +26,9 @@ LIMIT = 1024 * MiB
 
 
 def _sources(rig: Rig, limit: int = LIMIT) -> Sources:
-    return dataclasses.replace(sources(rig.cuda, host=rig.host, steps=rig.steps, memory_limit_bytes=limit),
-                               phases=rig.phases)
+    return dataclasses.replace(
+        sources(rig.cuda, host=rig.host, steps=rig.steps, memory_limit_bytes=limit), phases=rig.phases
+    )
 
 
 def _steps(rig: Rig, n: int, base: int, excursion: int, leak: int = 0, dt: float = 1.0) -> None:
@@ -127,8 +128,10 @@ def test_no_limit_no_risk() -> None:
     rig = make_rig()
     _steps(rig, 20, base=900, excursion=100)
     # No budget: the cpu limit is RSS + available (8 GiB in this host's sample), far away.
-    assert judge(dataclasses.replace(sources(rig.cuda, host=rig.host, steps=rig.steps), phases=rig.phases),
-                 Thresholds()) is None
+    assert (
+        judge(dataclasses.replace(sources(rig.cuda, host=rig.host, steps=rig.steps), phases=rig.phases), Thresholds())
+        is None
+    )
 
 
 # --- 8. RiskWatch: episodes, the boundary's thread, failures, handles ------------------------------
@@ -185,7 +188,8 @@ def watched(watch_env: Judgements) -> Iterator[tuple[Rig, RiskWatch, Judgements]
 
 
 def test_callbacks_run_once_per_episode_at_a_boundary_on_the_boundarys_thread(
-        watched: tuple[Rig, RiskWatch, Judgements], caplog: pytest.LogCaptureFixture) -> None:
+    watched: tuple[Rig, RiskWatch, Judgements], caplog: pytest.LogCaptureFixture
+) -> None:
     rig, _, judged = watched
     calls: list[tuple[str, OomRisk, int]] = []
 
@@ -293,7 +297,12 @@ def test_registered_before_start_works_on_a_real_exporter(watch_env: Judgements)
     _until_called(calls, watch_env)
     assert len(calls) == 1
     assert threads == [threading.get_ident()]
-    assert (calls[0].reason, calls[0].device, calls[0].phase, calls[0].limit_bytes) == ("headroom", "cpu", "step", 1 * MiB)
+    assert (calls[0].reason, calls[0].device, calls[0].phase, calls[0].limit_bytes) == (
+        "headroom",
+        "cpu",
+        "step",
+        1 * MiB,
+    )
     for _ in range(5):  # the same episode
         memexporter.step()
     assert len(calls) == 1

@@ -14,7 +14,9 @@ import memexporter
 from memexporter.exporter import running
 from memexporter.metrics import SPECS
 
-otel_sdk = pytest.importorskip("opentelemetry.sdk.metrics", reason="opentelemetry-sdk is not installed (pip install memexporter[otel])")
+otel_sdk = pytest.importorskip(
+    "opentelemetry.sdk.metrics", reason="opentelemetry-sdk is not installed (pip install memexporter[otel])"
+)
 from opentelemetry import metrics as otel_api  # noqa: E402
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader, Sum  # noqa: E402
 
@@ -68,7 +70,11 @@ def test_start_with_the_applications_provider(reader: InMemoryMetricReader) -> N
     assert got["process.memory.usage"] == [({}, got["memexporter.host.rss"][0][1])]
     # Counters are cumulative monotonic sums; the conventions' UpDownCounters non-monotonic sums.
     steps, rss = kinds["memexporter.steps"], kinds["process.memory.usage"]
-    assert isinstance(steps, Sum) and steps.is_monotonic and steps.aggregation_temporality is AggregationTemporality.CUMULATIVE
+    assert (
+        isinstance(steps, Sum)
+        and steps.is_monotonic
+        and steps.aggregation_temporality is AggregationTemporality.CUMULATIVE
+    )
     assert isinstance(rss, Sum) and not rss.is_monotonic
     assert otel_api.get_meter_provider() is global_before, "memexporter must never set the global provider"
     assert exp.otel is not None and exp.otel.push is None  # nothing of its own to push with
@@ -84,11 +90,23 @@ def test_start_again_on_the_same_provider_reports_again(reader: InMemoryMetricRe
     assert read(reader)[0]["memexporter.build.info"], "the second start() must report through the same instruments"
 
 
-def test_infinite_eta_is_no_point_and_no_sdk_warning(reader: InMemoryMetricReader, caplog: pytest.LogCaptureFixture) -> None:
-    exp = memexporter.start(port=0, addr="127.0.0.1", warmup_steps=0, leak_window=8,
-                            meter_provider=otel_sdk.MeterProvider(metric_readers=[reader]))
+def test_infinite_eta_is_no_point_and_no_sdk_warning(
+    reader: InMemoryMetricReader, caplog: pytest.LogCaptureFixture
+) -> None:
+    exp = memexporter.start(
+        port=0,
+        addr="127.0.0.1",
+        warmup_steps=0,
+        leak_window=8,
+        meter_provider=otel_sdk.MeterProvider(metric_readers=[reader]),
+    )
     train(12)
-    scraped = {s.labels["device"]: s.value for f in exp.registry.collect() for s in f.samples if s.name == "memexporter_oom_eta_seconds"}
+    scraped = {
+        s.labels["device"]: s.value
+        for f in exp.registry.collect()
+        for s in f.samples
+        if s.name == "memexporter_oom_eta_seconds"
+    }
     assert scraped == {"cpu": float("inf")}  # a flat CPU loop: not growing
     with caplog.at_level(logging.WARNING):
         got, _ = read(reader)
@@ -100,7 +118,9 @@ def test_infinite_eta_is_no_point_and_no_sdk_warning(reader: InMemoryMetricReade
 def test_cuda_instruments_exist_up_front_and_report_once_a_device_is_in_use() -> None:
     cuda, nvml = FakeCuda(), FakeNvml()
     reader = InMemoryMetricReader()
-    bridge = OtelBridge(registry_for(sources(cuda, nvml)), otel_sdk.MeterProvider(metric_readers=[reader]).get_meter("memexporter"))
+    bridge = OtelBridge(
+        registry_for(sources(cuda, nvml)), otel_sdk.MeterProvider(metric_readers=[reader]).get_meter("memexporter")
+    )
     assert set(bridge.instruments) == {i.name for i in names.instruments()}
     got, _ = read(reader)
     assert "memexporter.allocator.allocated" not in got and "hw.gpu.memory.usage" not in got
@@ -162,8 +182,9 @@ def test_push_only_opens_no_port(reader: InMemoryMetricReader, caplog: pytest.Lo
         ({"meter_provider": object()}, {}, TypeError, "meter_provider"),
     ],
 )
-def test_bad_values_fail_fast_naming_the_knob(settings: dict[str, Any], env: dict[str, str], error: type,
-                                              named: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_values_fail_fast_naming_the_knob(
+    settings: dict[str, Any], env: dict[str, str], error: type, named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     memexporter.stop()
     for k, v in env.items():
         monkeypatch.setenv(k, v)

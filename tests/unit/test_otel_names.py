@@ -14,6 +14,7 @@ from tests.support.otlp_names import KIND_TO_TYPE, families_read_by_shipped_quer
 
 # --- the port against otlptranslator's own test cases --------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("name", "unit", "metric_type", "want"),
     [  # metric_namer_test.go, UTF8Allowed=false, WithMetricSuffixes=true
@@ -30,8 +31,12 @@ from tests.support.otlp_names import KIND_TO_TYPE, families_read_by_shipped_quer
         ("requests_total", "", "monotonic_counter", "requests_total"),
         ("cpu_usage_ratio", "1", "gauge", "cpu_usage_ratio"),
         ("response_time_seconds", "s", "gauge", "response_time_seconds"),
-        ("metric__with__multiple__underscores", "unit__multiple__underscores", "gauge",
-         "metric_with_multiple_underscores_unit_multiple_underscores"),
+        (
+            "metric__with__multiple__underscores",
+            "unit__multiple__underscores",
+            "gauge",
+            "metric_with_multiple_underscores_unit_multiple_underscores",
+        ),
         ("custom_metric", "unit@with#special/chars", "gauge", "custom_metric_unit_with_special_per_chars"),
         ("active_connections", "", "non_monotonic_counter", "active_connections"),
         ("uptime", "d", "gauge", "uptime_days"),
@@ -105,6 +110,7 @@ def test_units_are_ucum_and_annotations_only_on_counters() -> None:
 
 # --- the semantic-convention instruments against the conventions' own package --------------------
 
+
 class _RecordingMeter:
     """Records which create_* call the semconv package's generated helper makes."""
 
@@ -124,7 +130,9 @@ class _RecordingMeter:
     ],
 )
 def test_semconv_instruments_follow_the_conventions_package(module: str, helper: str) -> None:
-    mod = pytest.importorskip(module, reason="opentelemetry-semantic-conventions is not installed (pip install memexporter[otel])")
+    mod = pytest.importorskip(
+        module, reason="opentelemetry-semantic-conventions is not installed (pip install memexporter[otel])"
+    )
     kind, name, unit = getattr(mod, helper)(_RecordingMeter())
     (ours,) = [i for i in names.instruments() if i.name == name]
     assert ours.semconv is not None
@@ -134,5 +142,7 @@ def test_semconv_instruments_follow_the_conventions_package(module: str, helper:
 
 
 def test_schema_url_is_a_published_semconv_release() -> None:
-    schemas = pytest.importorskip("opentelemetry.semconv.schemas", reason="opentelemetry-semantic-conventions is not installed")
+    schemas = pytest.importorskip(
+        "opentelemetry.semconv.schemas", reason="opentelemetry-semantic-conventions is not installed"
+    )
     assert names.SCHEMA_URL in {s.value for s in schemas.Schemas}

@@ -15,7 +15,9 @@ import pytest
 import memexporter
 from memexporter.exporter import running
 
-pytest.importorskip("opentelemetry.sdk.metrics", reason="opentelemetry-sdk is not installed (pip install memexporter[otel])")
+pytest.importorskip(
+    "opentelemetry.sdk.metrics", reason="opentelemetry-sdk is not installed (pip install memexporter[otel])"
+)
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
 from memexporter.otel import sdk
@@ -61,8 +63,9 @@ def test_grpc_push_with_headers_and_resource_from_the_environment(monkeypatch: p
     assert info[0]["version"] == memexporter.__version__ and info[1] == 1.0
 
 
-def test_unreachable_endpoint_is_one_line_and_stop_does_not_wait(monkeypatch: pytest.MonkeyPatch,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_unreachable_endpoint_is_one_line_and_stop_does_not_wait(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     url = f"http://127.0.0.1:{closed_port()}"
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")  # seconds: one retry, then the batch is given up
@@ -87,16 +90,26 @@ def test_unreachable_endpoint_is_one_line_and_stop_does_not_wait(monkeypatch: py
     ("env", "blocked", "named"),
     [
         ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, None, "OTEL_EXPORTER_OTLP_PROTOCOL='http/json'"),
-        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "udp"}, None,
-         "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL='udp'"),
+        (
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "udp"},
+            None,
+            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL='udp'",
+        ),
         ({}, "opentelemetry.sdk.metrics", "pip install 'memexporter[otel]'"),
-        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
-         "OTEL_EXPORTER_OTLP_PROTOCOL='grpc' needs opentelemetry-exporter-otlp-proto-grpc"),
+        (
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+            "OTEL_EXPORTER_OTLP_PROTOCOL='grpc' needs opentelemetry-exporter-otlp-proto-grpc",
+        ),
     ],
 )
-def test_setup_errors_are_one_line_and_http_keeps_serving(env: dict[str, str], blocked: str | None, named: str,
-                                                         monkeypatch: pytest.MonkeyPatch,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_setup_errors_are_one_line_and_http_keeps_serving(
+    env: dict[str, str],
+    blocked: str | None,
+    named: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     if blocked:  # as if the package were not installed: importing it raises ImportError

@@ -79,8 +79,9 @@ class Rig:
 
     def registry(self) -> CollectorRegistry:
         """The full catalogue over these trackers, as a scrape sees them."""
-        return registry_for(dataclasses.replace(sources(self.cuda, host=self.host, steps=self.steps),
-                                                phases=self.phases))
+        return registry_for(
+            dataclasses.replace(sources(self.cuda, host=self.host, steps=self.steps), phases=self.phases)
+        )
 
 
 def peak(t: StepTracker, device: str = "cpu") -> float:
@@ -140,11 +141,14 @@ def test_flat_mark_peak_is_the_highest_sample(rig: Rig) -> None:
     assert rig.stats("data").peaks == {"cpu": 130 * MiB}
 
 
-@pytest.mark.parametrize(("start", "inside", "end", "expected"), [
-    (300, 200, 100, 300),  # the start's boundary
-    (100, 200, 350, 350),  # the end's boundary
-    (100, 400, 150, 400),  # a sample inside
-])
+@pytest.mark.parametrize(
+    ("start", "inside", "end", "expected"),
+    [
+        (300, 200, 100, 300),  # the start's boundary
+        (100, 200, 350, 350),  # the end's boundary
+        (100, 400, 150, 400),  # a sample inside
+    ],
+)
 def test_flat_mark_boundaries_count(rig: Rig, start: int, inside: int, end: int, expected: int) -> None:
     rig.host.hwm = 900 * MiB
     rig.host.set(start * MiB)
@@ -226,8 +230,10 @@ def test_an_evaluation_above_everything_leaves_the_step_peaks_alone(rig: Rig, na
     assert after == before[-3:]  # not 214 MiB: the evaluation's mark is not the steps'
     assert rig.stats(name).peaks == {"cpu": 214 * MiB}  # exact: the mark rose in it
     assert rig.stats(name).completed == 1
-    assert rig.registry().get_sample_value(
-        "memexporter_phase_peak_bytes", {"rank": "3", "device": "cpu", "phase": name}) == 214 * MiB
+    assert (
+        rig.registry().get_sample_value("memexporter_phase_peak_bytes", {"rank": "3", "device": "cpu", "phase": name})
+        == 214 * MiB
+    )
 
 
 def test_a_phase_that_is_part_of_the_step_keeps_its_memory_in_the_step_peak(rig: Rig) -> None:
@@ -451,7 +457,8 @@ def _delta(tracker: PhaseTracker, base: dict[str, tuple[int, int]]) -> dict[str,
 
 
 def test_each_training_step_completes_forward_backward_optimizer_once(
-        trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer]) -> None:
+    trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer],
+) -> None:
     tracker, model, opt = trained
     _train(model, opt)  # the first step after start() (see the test of the very first forward below)
     base = _counts(tracker)
@@ -469,14 +476,16 @@ def test_each_training_step_completes_forward_backward_optimizer_once(
 
 
 def test_the_first_forward_after_start_is_counted(
-        trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer]) -> None:
+    trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer],
+) -> None:
     tracker, model, opt = trained
     _train(model, opt)
     assert _counts(tracker) == {"forward": (1, 0), "backward": (1, 0), "optimizer": (1, 0)}
 
 
 def test_gradient_accumulation_counts_each_forward_and_backward(
-        trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer]) -> None:
+    trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer],
+) -> None:
     tracker, model, opt = trained
     _train(model, opt)
     base = _counts(tracker)
@@ -489,7 +498,8 @@ def test_gradient_accumulation_counts_each_forward_and_backward(
 
 
 def test_forwards_inside_an_evaluation_are_the_evaluations(
-        trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer]) -> None:
+    trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer],
+) -> None:
     tracker, model, opt = trained
     _train(model, opt)
     base = _counts(tracker)
@@ -506,7 +516,8 @@ def test_forwards_inside_an_evaluation_are_the_evaluations(
 
 
 def test_a_no_grad_forward_outside_any_phase_opens_no_backward(
-        trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer]) -> None:
+    trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer],
+) -> None:
     tracker, model, opt = trained
     _train(model, opt)
     base = _counts(tracker)
@@ -566,7 +577,8 @@ PHASE_FAMILIES = {
 
 
 def test_a_running_exporter_exposes_the_phases_and_promtool_accepts_it(
-        trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer]) -> None:
+    trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer],
+) -> None:
     tracker, model, opt = trained
     for _ in range(3):
         _train(model, opt)
@@ -585,8 +597,9 @@ def test_a_running_exporter_exposes_the_phases_and_promtool_accepts_it(
             assert set(s.labels) == labels, (name, s.labels)
     peaks = {(s.labels["device"], s.labels["phase"]) for s in fams["memexporter_phase_peak_bytes"].samples}
     assert {("cpu", n) for n in ("forward", "backward", "optimizer", "eval")} <= peaks
-    completed = {s.labels["phase"]: s.value for s in fams["memexporter_phase_completed"].samples
-                 if s.name.endswith("_total")}
+    completed = {
+        s.labels["phase"]: s.value for s in fams["memexporter_phase_completed"].samples if s.name.endswith("_total")
+    }
     counts = {n: float(c) for n, (c, _) in _counts(tracker).items()}
     assert completed == {**counts, "eval": 1.0}
     assert completed["backward"] == completed["optimizer"] == 3
@@ -595,4 +608,6 @@ def test_a_running_exporter_exposes_the_phases_and_promtool_accepts_it(
     promtool = require("promtool")
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.strip() == "" and out.stderr.strip() == "", "promtool has lint findings:\n" + out.stdout + out.stderr
+    assert out.stdout.strip() == "" and out.stderr.strip() == "", (
+        "promtool has lint findings:\n" + out.stdout + out.stderr
+    )

@@ -38,11 +38,14 @@ def taken() -> Iterator[int]:
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> str:
-    return "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and "cannot serve" in r.getMessage())
+    return "\n".join(
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and "cannot serve" in r.getMessage()
+    )
 
 
-def test_a_port_passed_in_the_code_is_moved_in_the_code(taken: int, monkeypatch: pytest.MonkeyPatch,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_port_passed_in_the_code_is_moved_in_the_code(
+    taken: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.ERROR, logger="memexporter"):
         exp = memexporter.start(port=taken, addr="127.0.0.1")  # the README's line, on a taken port
     assert exp.port is None
@@ -58,8 +61,9 @@ def test_a_port_passed_in_the_code_is_moved_in_the_code(taken: int, monkeypatch:
     assert memexporter.start(port=None, addr="127.0.0.1").port == free
 
 
-def test_a_port_from_the_variable_is_moved_by_the_variable(taken: int, monkeypatch: pytest.MonkeyPatch,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_a_port_from_the_variable_is_moved_by_the_variable(
+    taken: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("MEMEXPORTER_PORT", str(taken))
     with caplog.at_level(logging.ERROR, logger="memexporter"):
         assert memexporter.start(addr="127.0.0.1").port is None
@@ -75,13 +79,16 @@ def test_strict_raises_with_the_same_advice_and_names_the_rank(taken: int, monke
     assert f"the argument port={taken - 1} in the code" in said
 
 
-def test_under_memexporter_run_the_advice_is_the_option(taken: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_under_memexporter_run_the_advice_is_the_option(
+    taken: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
     script = tmp_path / "train.py"
     script.write_text("pass\n")
-    args = cli._parser().parse_args(["run", "--port", str(taken), "--addr", "127.0.0.1", "--no-auto-track", str(script)])
+    args = cli._parser().parse_args(
+        ["run", "--port", str(taken), "--addr", "127.0.0.1", "--no-auto-track", str(script)]
+    )
     with caplog.at_level(logging.ERROR, logger="memexporter"):
         assert cli._run(args) == 0  # the port is taken: the script still runs
     assert f"it comes from --port {taken}: pass another base port there" in errors(caplog)
@@ -90,10 +97,17 @@ def test_under_memexporter_run_the_advice_is_the_option(taken: int, tmp_path: Pa
 @pytest.mark.parametrize(
     ("origin", "hint", "expected"),
     [
-        ("default", "start(port=...) or MEMEXPORTER_PORT", "9400 is the default base port: choose another with "
-                                                            "start(port=...) or MEMEXPORTER_PORT"),
+        (
+            "default",
+            "start(port=...) or MEMEXPORTER_PORT",
+            "9400 is the default base port: choose another with start(port=...) or MEMEXPORTER_PORT",
+        ),
         ("default", "MEMEXPORTER_PORT", "9400 is the default base port: choose another with MEMEXPORTER_PORT"),
-        ("environment", "MEMEXPORTER_PORT", "it comes from MEMEXPORTER_PORT=9400: set MEMEXPORTER_PORT to another base port"),
+        (
+            "environment",
+            "MEMEXPORTER_PORT",
+            "it comes from MEMEXPORTER_PORT=9400: set MEMEXPORTER_PORT to another base port",
+        ),
         ("argument", "--port or MEMEXPORTER_PORT", "it comes from --port 9400: pass another base port there"),
     ],
 )

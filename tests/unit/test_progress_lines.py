@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.support import REPO_ROOT
 from tests.support.progress import QUIET_S
 
-SUITE = f'''
+SUITE = f"""
 import time, pytest
 
 @pytest.mark.slow
@@ -23,22 +23,28 @@ def test_quick(case):
 @pytest.mark.slow
 def test_takes_a_while():
     time.sleep({QUIET_S} + 1.0)
-'''
-CONFTEST = '''
+"""
+CONFTEST = """
 from tests.support.progress import Progress
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long test")
     config.pluginmanager.register(Progress(config), "memexporter-progress")
-'''
+"""
 
 
 def test_only_the_tests_that_take_a_while_are_named(tmp_path: Path) -> None:
     (tmp_path / "test_suite.py").write_text(SUITE)
     (tmp_path / "conftest.py").write_text(CONFTEST)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False,
-                         env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     assert "[slow] started test_suite.py::test_takes_a_while" in text, text

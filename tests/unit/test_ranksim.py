@@ -53,8 +53,14 @@ def test_bodies_parse_and_pass_promtool(templates: dict[str, Template]) -> None:
         families = parse_openmetrics(om)  # type: ignore[no-untyped-call]
         assert {s.name for f in families for s in f.samples} >= {"memexporter_steps_total", RUN_INFO}
         assert om.endswith("# EOF\n")
-        check = subprocess.run([require("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
-                               timeout=60, check=False)
+        check = subprocess.run(
+            [require("promtool"), "check", "metrics"],
+            input=text,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert check.returncode == 0, check.stdout + check.stderr
         assert gzip.decompress(sim.body(r, True, True)).decode() == om
 
@@ -65,8 +71,10 @@ def test_ranks_differ_only_where_they_should(templates: dict[str, Template]) -> 
     own = {"rank", "local_rank", "hostname", "uuid", "gpu_uuid", "pci_bus_id"}
 
     def normalised(r: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-        return {(n, frozenset((k, v) for k, v in labels if k not in own)): value
-                for (n, labels), value in samples(sim.body(r, False, False, now).decode()).items()}
+        return {
+            (n, frozenset((k, v) for k, v in labels if k not in own)): value
+            for (n, labels), value in samples(sim.body(r, False, False, now).decode()).items()
+        }
 
     nine, ten = normalised(9), normalised(10)
     assert nine.keys() == ten.keys()
@@ -75,8 +83,11 @@ def test_ranks_differ_only_where_they_should(templates: dict[str, Template]) -> 
     assert "memexporter_steps_total" not in moved  # every rank steps together
     info = [dict(labels) for (name, labels) in samples(sim.body(9, False, False, now).decode()) if name == RUN_INFO]
     assert info == [{"rank": "9", "run_id": RUN, "run_id_source": "memexporter", "detail": "core"}]
-    identity = [dict(labels) for (name, labels) in samples(sim.body(9, False, False, now).decode())
-                if name == "memexporter_process_info"]
+    identity = [
+        dict(labels)
+        for (name, labels) in samples(sim.body(9, False, False, now).decode())
+        if name == "memexporter_process_info"
+    ]
     assert identity[0]["local_rank"] == "1" and identity[0]["world_size"] == "64"
 
 
@@ -96,18 +107,24 @@ def test_core_and_detail_split(templates: dict[str, Template]) -> None:
     assert per_rank <= 60 < full, (per_rank, full)
 
 
-def test_the_contract_filter_matches_the_exporter(made: dict[str, dict[str, Any]],
-                                                  templates: dict[str, Template]) -> None:
+def test_the_contract_filter_matches_the_exporter(
+    made: dict[str, dict[str, Any]], templates: dict[str, Template]
+) -> None:
     """``core_only`` (for an exporter that does not filter itself) cuts what the exporter cuts."""
     full = made["representative"]
-    cut = {(n, frozenset(labels.items())) for n, labels, _ in
-           Template.parse("core", {**full, "openmetrics": core_only(full["openmetrics"])}).samples()}
+    cut = {
+        (n, frozenset(labels.items()))
+        for n, labels, _ in Template.parse("core", {**full, "openmetrics": core_only(full["openmetrics"])}).samples()
+    }
     own = {(n, frozenset(labels.items())) for n, labels, _ in templates["core"].samples()}
 
     def plain(keys: set[tuple[str, frozenset[tuple[str, str]]]]) -> set[tuple[str, frozenset[tuple[str, str]]]]:
         drop = {"rank", "local_rank", "detail"}
-        return {(n, frozenset(kv for kv in labels if kv[0] not in drop)) for n, labels in keys
-                if n != "memexporter_collector_success"}  # a core rank does not run the modules collector
+        return {
+            (n, frozenset(kv for kv in labels if kv[0] not in drop))
+            for n, labels in keys
+            if n != "memexporter_collector_success"
+        }  # a core rank does not run the modules collector
 
     assert plain(cut) == plain(own)
 
@@ -142,8 +159,20 @@ def test_the_step_counter_advances(templates: dict[str, Template]) -> None:
     assert steps[1] - steps[0] == pytest.approx(30 / sim.step_seconds, abs=1)
     last = value(sim, 5, "memexporter_last_step_timestamp_seconds", now, "")
     assert now - sim.step_seconds < last <= now
-    assert float(re.sub(r".* ", "", next(line for line in sim.body(5, False, False, now + 30).decode().splitlines()
-                                          if line.startswith("memexporter_steps_total")))) >= steps[0]
+    assert (
+        float(
+            re.sub(
+                r".* ",
+                "",
+                next(
+                    line
+                    for line in sim.body(5, False, False, now + 30).decode().splitlines()
+                    if line.startswith("memexporter_steps_total")
+                ),
+            )
+        )
+        >= steps[0]
+    )
 
 
 def get(conn: http.client.HTTPConnection, path: str, headers: dict[str, str]) -> tuple[int, dict[str, Any], bytes]:
@@ -158,8 +187,9 @@ def test_served_per_rank_as_memexporter_serves(templates: dict[str, Template]) -
         host, port = servers.targets[2].split(":")
         assert int(port) == servers.base_port + 2
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
-        status, headers, body = get(conn, "/metrics", {"Accept": "application/openmetrics-text; version=1.0.0",
-                                                       "Accept-Encoding": "gzip"})
+        status, headers, body = get(
+            conn, "/metrics", {"Accept": "application/openmetrics-text; version=1.0.0", "Accept-Encoding": "gzip"}
+        )
         assert (status, headers["Content-Type"], headers["Content-Encoding"]) == (200, OPENMETRICS, "gzip")
         assert 'rank="2"' in gzip.decompress(body).decode()
         status, headers, body = get(conn, "/metrics", {})  # the same connection: keep-alive

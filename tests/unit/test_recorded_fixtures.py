@@ -22,15 +22,22 @@ from tests.support.synthetic_fixtures import FIXTURES, SYNTHETIC_DIR, render
 RECORDED_DIR = SYNTHETIC_DIR.parent / "recorded"
 SYNTHETIC = [pytest.param(p, id=p.name) for p in sorted(SYNTHETIC_DIR.glob("*.json"))]
 RECORDED = [pytest.param(p, id=p.name) for p in sorted(RECORDED_DIR.glob("*.json"))] or [
-    pytest.param(None, id="none-recorded", marks=pytest.mark.skip(
-        reason="no GPU-recorded fixture in tests/fixtures/recorded yet (run scripts/gpu-check.sh on a GPU machine)"))]
+    pytest.param(
+        None,
+        id="none-recorded",
+        marks=pytest.mark.skip(
+            reason="no GPU-recorded fixture in tests/fixtures/recorded yet (run scripts/gpu-check.sh on a GPU machine)"
+        ),
+    )
+]
 
 
 def test_synthetic_set_is_complete_and_current() -> None:
     assert sorted(p.stem for p in SYNTHETIC_DIR.glob("*.json")) == sorted(FIXTURES)
     for name in FIXTURES:
         assert (SYNTHETIC_DIR / f"{name}.json").read_text() == render(name), (
-            f"{name}.json differs from tests/support/synthetic_fixtures.py: rerun python -m tests.support.synthetic_fixtures")
+            f"{name}.json differs from tests/support/synthetic_fixtures.py: rerun python -m tests.support.synthetic_fixtures"
+        )
 
 
 @pytest.mark.parametrize("path", SYNTHETIC)
@@ -52,7 +59,9 @@ def test_recorded_fixture_names_its_gpu_and_torch(path: Path) -> None:
     record = load(path)
     assert record["synthetic"] is False
     rec = record["recorded"]
-    assert rec["device_name"] and rec["torch_version"] and rec["recorded_by"], "a recorded fixture names its GPU and torch"
+    assert rec["device_name"] and rec["torch_version"] and rec["recorded_by"], (
+        "a recorded fixture names its GPU and torch"
+    )
     assert rec["torch_version"] == record["answers"]["torch_version"]
 
 

@@ -51,8 +51,9 @@ def test_without_extra_routes_unknown_paths_are_404_and_not_linked() -> None:
 
 def _full(app: Any, path: str, method: str = "GET") -> tuple[str, dict[str, str], bytes]:
     seen: list[tuple[str, list[tuple[str, str]]]] = []
-    body = b"".join(app({"PATH_INFO": path, "REQUEST_METHOD": method},
-                        lambda status, headers: seen.append((status, headers))))
+    body = b"".join(
+        app({"PATH_INFO": path, "REQUEST_METHOD": method}, lambda status, headers: seen.append((status, headers)))
+    )
     return seen[0][0], dict(seen[0][1]), body
 
 

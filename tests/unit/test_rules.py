@@ -26,8 +26,14 @@ RUNBOOK = ALERTS_DIR / "runbook.md"
 
 # DESIGN.md section 5, "Alert names (contract)".
 CONTRACT_ALERTS = (
-    "MemexporterOOMPredicted", "MemexporterOOMImminent", "MemexporterMemoryLeak", "MemexporterAllocatorThrashing",
-    "MemexporterOOMOccurred", "MemexporterFragmentationHigh", "MemexporterRankImbalance", "MemexporterCollectorFailing",
+    "MemexporterOOMPredicted",
+    "MemexporterOOMImminent",
+    "MemexporterMemoryLeak",
+    "MemexporterAllocatorThrashing",
+    "MemexporterOOMOccurred",
+    "MemexporterFragmentationHigh",
+    "MemexporterRankImbalance",
+    "MemexporterCollectorFailing",
 )
 # Additions to the contract (DESIGN.md allows new alerts): issue 9's fatal OOM, issue 23's stalled run.
 ADDED_ALERTS = ("MemexporterFatalOOMSuspected", "MemexporterTrainingStalled")
@@ -62,8 +68,11 @@ def alerts(text: str, scope: str = "rank") -> dict[str, dict[str, Any]]:
 
 def queries(annotation: str) -> list[str]:
     """The PromQL of every template query in ``annotation``, ``%q`` arguments as empty strings."""
-    return [q.replace('\\"', '"').replace("\\\\", "\\").replace("%q", '""').replace("%%", "%")
-            for q in TEMPLATE_QUERY.findall(annotation) if "memexporter" in q]  # not printf "%.0f"
+    return [
+        q.replace('\\"', '"').replace("\\\\", "\\").replace("%q", '""').replace("%%", "%")
+        for q in TEMPLATE_QUERY.findall(annotation)
+        if "memexporter" in q
+    ]  # not printf "%.0f"
 
 
 DEFAULT = rules.render()
@@ -117,7 +126,7 @@ def test_alert_is_complete(name: str, scope: str) -> None:
         if name not in RANK_ALERTS:  # their series have no device (CollectorFailing names the collector)
             assert "$labels.device" in ann["description"]
     else:  # how many ranks of how many, and the worst rank, from queries
-        assert 'run:memexporter_ranks:count{job=%q,namespace=%q,run_id=%q}' in ann["description"]
+        assert "run:memexporter_ranks:count{job=%q,namespace=%q,run_id=%q}" in ann["description"]
         assert 'rank {{ label "rank" . }} on {{ label "instance" . }}' in ann["description"]
 
 
@@ -171,15 +180,25 @@ def test_alerts_read_their_condition_recorded_once(name: str) -> None:
     # The rank alert, its run twin and the twin's description query read one record of the condition,
     # evaluated just before them in the same group, not the condition three times over.
     condition = next(n for n in metric_names(ALERTS[name]["expr"]) if n.endswith(":condition"))
-    for text in (ALERTS[name]["expr"], RUN_ALERTS[name]["expr"], *queries(RUN_ALERTS[name]["annotations"]["description"])[1:]):
+    for text in (
+        ALERTS[name]["expr"],
+        RUN_ALERTS[name]["expr"],
+        *queries(RUN_ALERTS[name]["annotations"]["description"])[1:],
+    ):
         assert condition in text, name
     group = next(g for g in yaml.safe_load(DEFAULT)["groups"] if any(r.get("alert") == name for r in g["rules"]))
     order = [r.get("record") or (r["alert"], r["labels"]["scope"]) for r in group["rules"]]
     assert order.index(condition) + 1 == order.index((name, "rank")) == order.index((name, "run")) - 1
 
 
-GROUPS = ["memexporter.rules", "memexporter.trends", "memexporter.runs", "memexporter.forecast", "memexporter.leak",
-          "memexporter.alerts"]
+GROUPS = [
+    "memexporter.rules",
+    "memexporter.trends",
+    "memexporter.runs",
+    "memexporter.forecast",
+    "memexporter.leak",
+    "memexporter.alerts",
+]
 
 
 def test_every_promtool_test_evaluates_the_groups_in_their_order() -> None:
@@ -199,7 +218,10 @@ def test_run_records_are_the_contracts() -> None:
     for name in RUN_RECORDS:
         by = "job, namespace, run_id" + (", device_kind" if name.startswith("run_device_kind:") else "")
         assert f"by ({by})" in known[name], name
-    assert known["run:memexporter_ranks:count"] == 'count by (job, namespace, run_id) (rank:memexporter_run:info{job="memexporter"})'
+    assert (
+        known["run:memexporter_ranks:count"]
+        == 'count by (job, namespace, run_id) (rank:memexporter_run:info{job="memexporter"})'
+    )
     info = known["rank:memexporter_run:info"]
     assert "topk by (job, instance, rank) (1," in info  # one per rank: a duplicate would fail every join
     assert "exported_run_id" in info and "memexporter_build_info" in info
@@ -225,8 +247,9 @@ def test_run_min_ranks_is_at_least_two(bad: int) -> None:
 @pytest.mark.parametrize("name", ALL_ALERTS)
 def test_runbook_has_a_section_per_alert(name: str) -> None:
     # GitHub's anchor for "## MemexporterOOMPredicted" is #memexporteroompredicted.
-    headings = {line[3:].strip().lower() for line in RUNBOOK.read_text(encoding="utf-8").splitlines()
-                if line.startswith("## ")}
+    headings = {
+        line[3:].strip().lower() for line in RUNBOOK.read_text(encoding="utf-8").splitlines() if line.startswith("## ")
+    }
     anchor = ALERTS[name]["annotations"]["runbook_url"].rsplit("#", 1)[1]
     assert anchor in headings, f"runbook.md has no '## {name}' section for #{anchor}"
 
@@ -272,7 +295,8 @@ def test_every_series_carries_the_selector(preset: str) -> None:
         for name in metric_names(rule["expr"]):
             if name.startswith("memexporter_") or ":" in name:
                 assert re.search(re.escape(name) + r'\{[^}]*job="trainer",cluster="a"', rule["expr"]), (
-                    f"{rule.get('record') or rule['alert']}: {name} without the selector")
+                    f"{rule.get('record') or rule['alert']}: {name} without the selector"
+                )
 
 
 def test_critical_severity_can_be_downgraded_so_nothing_pages() -> None:
@@ -305,8 +329,13 @@ def test_demo_preset_has_shorter_windows_and_same_thresholds() -> None:
 
 
 def test_predictive_alerts_wait_with_for_and_oom_occurred_does_not() -> None:
-    for name in ("MemexporterOOMPredicted", "MemexporterOOMImminent", "MemexporterMemoryLeak", "MemexporterRankImbalance",
-                 "MemexporterTrainingStalled"):
+    for name in (
+        "MemexporterOOMPredicted",
+        "MemexporterOOMImminent",
+        "MemexporterMemoryLeak",
+        "MemexporterRankImbalance",
+        "MemexporterTrainingStalled",
+    ):
         assert "for" in ALERTS[name], name
     assert "for" not in ALERTS["MemexporterOOMOccurred"]
 
@@ -343,7 +372,11 @@ def test_cli_prints_writes_and_rejects(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def _excess_rule(text: str) -> str:
-    (expr,) = [r["expr"] for r in load(text) if r.get("record") == "rank_device:memexporter_memory_peak_excess_over_job_median:ratio"]
+    (expr,) = [
+        r["expr"]
+        for r in load(text)
+        if r.get("record") == "rank_device:memexporter_memory_peak_excess_over_job_median:ratio"
+    ]
     return str(expr)
 
 
@@ -367,8 +400,24 @@ def test_peer_labels_are_a_parameter() -> None:
     assert "#   peer_labels: job, cluster, training_job\n" in text
 
 
-@pytest.mark.parametrize("bad", ["", " , ", "job,", "job,run-id", "job,1run", "job,__name__", "job run_id",
-                                 "job,rank", "job,instance", "job,pod", "job,device", "job,device_kind", "job,job"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        " , ",
+        "job,",
+        "job,run-id",
+        "job,1run",
+        "job,__name__",
+        "job run_id",
+        "job,rank",
+        "job,instance",
+        "job,pod",
+        "job,device",
+        "job,device_kind",
+        "job,job",
+    ],
+)
 def test_bad_peer_labels_are_a_clear_error(bad: str) -> None:
     with pytest.raises(ValueError, match="peer label"):
         rules.render(peer_labels=bad)
@@ -390,8 +439,15 @@ def test_cli_peer_labels_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 # --- the selector: PromQL label matchers, checked before anything is rendered ---------------------
 
 GOOD_SELECTORS = [
-    'job="trainer"', 'namespace="ml",job=~"trainer-.*"', ' job = "a" , rank != \'0\' ,', "job=~`trainer-\\d+`",
-    'job=~"trainer-\\\\d+"', 'job="say \\"hi\\""', "job='it\\'s'", 'job!~"", cluster="a"', 'job="\\u00e9\\x41\\101"',
+    'job="trainer"',
+    'namespace="ml",job=~"trainer-.*"',
+    " job = \"a\" , rank != '0' ,",
+    "job=~`trainer-\\d+`",
+    'job=~"trainer-\\\\d+"',
+    'job="say \\"hi\\""',
+    "job='it\\'s'",
+    'job!~"", cluster="a"',
+    'job="\\u00e9\\x41\\101"',
 ]
 BAD_SELECTORS = [
     ("job=foo", 'the value of job must be a quoted string, e.g. job="foo"'),
@@ -417,9 +473,10 @@ def test_good_selectors_render_into_every_series(selector: str) -> None:
         for name in metric_names(rule["expr"]):
             if name.startswith("memexporter_") or ":" in name:
                 # Phase series put their own matcher first, so a trailing comma in the selector parses.
-                assert (name + "{" + selector + "}" in rule["expr"]
-                        or name + "{" + OUT_OF_STEP + "," + selector + "}" in rule["expr"]), (
-                    f"{rule.get('record') or rule['alert']}: {name}")
+                assert (
+                    name + "{" + selector + "}" in rule["expr"]
+                    or name + "{" + OUT_OF_STEP + "," + selector + "}" in rule["expr"]
+                ), f"{rule.get('record') or rule['alert']}: {name}"
 
 
 @pytest.mark.parametrize(("selector", "why"), BAD_SELECTORS, ids=[s or "empty" for s, _ in BAD_SELECTORS])
@@ -471,8 +528,9 @@ def test_oom_forecast_reads_training_peaks_only() -> None:
 
 
 def test_stalled_run_parameters_are_rendered() -> None:
-    cfg = dataclasses.replace(rules.RulesConfig.default(), stalled_factor=4.0, stalled_floor=1200,
-                              stalled_phase_floor=7200, stalled_for=600)
+    cfg = dataclasses.replace(
+        rules.RulesConfig.default(), stalled_factor=4.0, stalled_floor=1200, stalled_phase_floor=7200, stalled_for=600
+    )
     text = rules.render_config(cfg)
     (allowance,) = [r["expr"] for r in load(text) if r.get("record") == "rank:memexporter_stall_allowance_seconds:max"]
     assert "4.0 * memexporter_step_interval_seconds" in allowance

@@ -26,8 +26,11 @@ def rendered() -> dict[Path, str]:
 
 @pytest.mark.slow  # ~10 s: every scrape of 8 hours of trace through the estimator
 def test_committed_scenarios_are_current() -> None:
-    stale = [str(path.relative_to(REPO_ROOT)) for path, text in rendered().items()
-             if path.read_text(encoding="utf-8") != text]
+    stale = [
+        str(path.relative_to(REPO_ROOT))
+        for path, text in rendered().items()
+        if path.read_text(encoding="utf-8") != text
+    ]
     assert not stale, f"stale: {stale}; run python -m tests.support.scenarios"
 
 
@@ -36,7 +39,7 @@ def test_a_hand_edited_exporter_series_is_caught() -> None:
     # start) into healthy.yml's rank 0 ETA; the re-derivation puts the estimator's back.
     path = next(p for p in HAND_WRITTEN if p.name == "healthy.yml")
     text = path.read_text(encoding="utf-8")
-    key = "- series: 'memexporter_oom_eta_seconds{job=\"memexporter\",instance=\"trainer-0:9400\",rank=\"0\",device=\"cuda:0\"}'"
+    key = '- series: \'memexporter_oom_eta_seconds{job="memexporter",instance="trainer-0:9400",rank="0",device="cuda:0"}\''
     head, tail = text.split(key, 1)
     values_line = tail.split("\n", 2)[1]
     edited = head + key + tail.replace(values_line, "        values: 'Inf+0x19 6600-15x40 6000x118 Inf+0x779'", 1)
@@ -44,12 +47,15 @@ def test_a_hand_edited_exporter_series_is_caught() -> None:
     assert rederive(edited) == text
 
 
-@pytest.mark.parametrize("values", [
-    [1.0, 2.0, 3.0, 3.0, 3.0, None, None, math.nan, None, 7.5],
-    [math.inf, math.inf, math.inf, 2.0, math.nan],
-    [100e9, 100e9, 99.5e9, 99e9, None],
-    [0.0, 16666666.7, 16666666.7, -3.0, -6.0, -9.0],
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1.0, 2.0, 3.0, 3.0, 3.0, None, None, math.nan, None, 7.5],
+        [math.inf, math.inf, math.inf, 2.0, math.nan],
+        [100e9, 100e9, 99.5e9, 99e9, None],
+        [0.0, 16666666.7, 16666666.7, -3.0, -6.0, -9.0],
+    ],
+)
 def test_encode_decode_round_trip(values: list[Value]) -> None:
     text = encode(values)
     back = decode(text)

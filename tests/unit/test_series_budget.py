@@ -81,9 +81,14 @@ def test_module_rows_and_automatic_phases_only_on_detail_ranks(rank_sources: Sou
     assert full["memexporter_module_parameter_bytes"] >= 50, "the 12-layer model has its module rows"
     assert not {n for n in core if n.startswith("memexporter_module_")}
     # Everything the alerts read stays on every rank.
-    for name in ("memexporter_memory_peak_bytes", "memexporter_oom_eta_seconds", "memexporter_run_info",
-                 "memexporter_allocator_inactive_split_bytes", "memexporter_allocator_fragmentation_ratio",
-                 "memexporter_last_step_timestamp_seconds"):
+    for name in (
+        "memexporter_memory_peak_bytes",
+        "memexporter_oom_eta_seconds",
+        "memexporter_run_info",
+        "memexporter_allocator_inactive_split_bytes",
+        "memexporter_allocator_fragmentation_ratio",
+        "memexporter_last_step_timestamp_seconds",
+    ):
         assert core[name] == full[name] > 0, name
     # A core rank does not run the modules collector at all: nothing it reads would be exported.
     assert core["memexporter_collector_success"] == full["memexporter_collector_success"] - 1

@@ -35,8 +35,9 @@ class ScriptedHost(FakeHost):
 
 
 def tracker(host: ScriptedHost) -> StepTracker:
-    return StepTracker(FakeCuda(), host, window=64, warmup_steps=0, clock=iter(range(10**6)).__next__,
-                       host_peak=lambda: host.hwm)
+    return StepTracker(
+        FakeCuda(), host, window=64, warmup_steps=0, clock=iter(range(10**6)).__next__, host_peak=lambda: host.hwm
+    )
 
 
 def last(t: StepTracker) -> tuple[float, float]:
@@ -90,8 +91,9 @@ def test_a_failing_host_read_never_stops_step_counting() -> None:
     # devices go on; only the failing device misses its points, and it comes back by itself.
     host = ScriptedHost()
     cuda = FakeCuda(stats={0: {"allocated_bytes.all.current": 5 * MiB, "allocated_bytes.all.peak": 9 * MiB}})
-    t = StepTracker(cuda, host, window=64, warmup_steps=0, clock=iter(range(10**6)).__next__,
-                    host_peak=lambda: host.hwm)
+    t = StepTracker(
+        cuda, host, window=64, warmup_steps=0, clock=iter(range(10**6)).__next__, host_peak=lambda: host.hwm
+    )
     t.step()
     host.fail = True
     for _ in range(3):
@@ -325,4 +327,3 @@ def test_a_second_optimizers_step_end_is_a_peak_sample(flat_mark: tuple[StepTrac
     _train(opt_d, d)
     assert t.steps == 3
     assert last(t) == (120 * MiB, 300 * MiB)
-

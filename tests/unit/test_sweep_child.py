@@ -12,12 +12,22 @@ from memexporter.sweep.spawn import child_env, free_port
 
 
 def test_child_env_starts_the_exporter_on_the_sweeps_port_whatever_the_user_set() -> None:
-    user = {"PATH": "/usr/bin", "PYTHONPATH": "/src", "MEMEXPORTER_PORT": "9400", "MEMEXPORTER_HTTP": "0", "MEMEXPORTER_OTEL": "1",
-            "MEMEXPORTER_CERTFILE": "/etc/cert.pem", "MEMEXPORTER_KEYFILE": "/etc/key.pem", "MEMEXPORTER_WARMUP_STEPS": "5"}
+    user = {
+        "PATH": "/usr/bin",
+        "PYTHONPATH": "/src",
+        "MEMEXPORTER_PORT": "9400",
+        "MEMEXPORTER_HTTP": "0",
+        "MEMEXPORTER_OTEL": "1",
+        "MEMEXPORTER_CERTFILE": "/etc/cert.pem",
+        "MEMEXPORTER_KEYFILE": "/etc/key.pem",
+        "MEMEXPORTER_WARMUP_STEPS": "5",
+    }
     env = child_env(23456, user)
     assert env["PYTHONPATH"] == f"{bootstrap_path()}{os.pathsep}/src"  # the user's path kept, after the bootstrap
     assert env["MEMEXPORTER_AUTOSTART"] == "1" and env["MEMEXPORTER_PORT"] == "23456"
-    assert env["MEMEXPORTER_ADDR"] == "127.0.0.1" and env["MEMEXPORTER_HTTP"] == "1" and env["MEMEXPORTER_STRICT"] == "1"
+    assert (
+        env["MEMEXPORTER_ADDR"] == "127.0.0.1" and env["MEMEXPORTER_HTTP"] == "1" and env["MEMEXPORTER_STRICT"] == "1"
+    )
     assert env["MEMEXPORTER_CERTFILE"] == env["MEMEXPORTER_KEYFILE"] == ""  # plain HTTP on loopback
     assert env["MEMEXPORTER_OTEL"] == "0"  # planning runs do not push to the user's collector
     assert env["MEMEXPORTER_WARMUP_STEPS"] == "5" and env["PATH"] == "/usr/bin"  # the rest is the user's

@@ -9,16 +9,28 @@ from memexporter.sweep.grid import parse_grid
 from memexporter.sweep.runner import MiB, Run, Sweep
 
 
-def sweep(specs: list[str], peaks: dict[tuple[str, ...], float | None], limit_mib: float | None = 1000,
-          ooms: tuple[tuple[str, ...], ...] = ()) -> Sweep:
+def sweep(
+    specs: list[str],
+    peaks: dict[tuple[str, ...], float | None],
+    limit_mib: float | None = 1000,
+    ooms: tuple[tuple[str, ...], ...] = (),
+) -> Sweep:
     """A sweep whose runs have the given peaks (MiB); a run in ``ooms`` ran out of memory."""
     axes = parse_grid(specs)
     s = Sweep(axes, ["train.py"], 10, limit_mib)
     for key, peak in peaks.items():
         params = dict(zip([a.name for a in axes], key, strict=True))
         oom = key in ooms or (peak is not None and limit_mib is not None and peak > limit_mib)
-        s.runs.append(Run(params, status="oom" if oom else "ok", peak_bytes=None if peak is None else peak * MiB,
-                          oom=oom, fits=not oom, limit_bytes=None if limit_mib is None else limit_mib * MiB))
+        s.runs.append(
+            Run(
+                params,
+                status="oom" if oom else "ok",
+                peak_bytes=None if peak is None else peak * MiB,
+                oom=oom,
+                fits=not oom,
+                limit_bytes=None if limit_mib is None else limit_mib * MiB,
+            )
+        )
     return s
 
 
@@ -29,7 +41,9 @@ def test_a_line_predicts_the_largest_integer_that_fits() -> None:
     assert mf.measured == {"batch": "4"}
     assert mf.predicted.value == 8 and mf.predicted.reason is None
     assert mf.predicted.line is not None
-    assert mf.predicted.line.slope == pytest.approx(100 * MiB) and mf.predicted.line.intercept == pytest.approx(200 * MiB)
+    assert mf.predicted.line.slope == pytest.approx(100 * MiB) and mf.predicted.line.intercept == pytest.approx(
+        200 * MiB
+    )
 
 
 def test_a_float_axis_is_not_rounded() -> None:
@@ -37,17 +51,31 @@ def test_a_float_axis_is_not_rounded() -> None:
     assert max_fit(s).predicted.value == pytest.approx(1.75)
 
 
-@pytest.mark.parametrize(("specs", "peaks", "limit", "reason"), [
-    # seq² attention: a line through 1, 2, 4 overshoots what would really fit.
-    (["seq=1,2,4"], {("1",): 101, ("2",): 104, ("4",): 116}, 140, "the peak is not linear in seq: a run is 1.3 MiB off the line"),
-    (["batch=1,2"], {("1",): 300, ("2",): 400}, 1000, "2 run(s) fit; a fit needs 3"),
-    (["batch=1,2,3"], {("1",): 300, ("2",): 300, ("3",): 299.99}, 1000, "the peak does not grow with batch"),
-    (["batch=1,2,3"], {("1",): 300, ("2",): 310, ("3",): 320}, 1000, "the line reaches the limit at batch=71, beyond 6"),
-    (["opt=sgd,adam,lamb"], {("sgd",): 1, ("adam",): 2, ("lamb",): 3}, 1000, "the first axis, opt, is not numeric"),
-    (["batch=1,2,3"], {("1",): 300, ("2",): 400, ("3",): 500}, None, "no limit is known"),
-])
-def test_unsound_fits_predict_nothing_and_say_why(specs: list[str], peaks: dict[tuple[str, ...], float], limit: float | None,
-                                                  reason: str) -> None:
+@pytest.mark.parametrize(
+    ("specs", "peaks", "limit", "reason"),
+    [
+        # seq² attention: a line through 1, 2, 4 overshoots what would really fit.
+        (
+            ["seq=1,2,4"],
+            {("1",): 101, ("2",): 104, ("4",): 116},
+            140,
+            "the peak is not linear in seq: a run is 1.3 MiB off the line",
+        ),
+        (["batch=1,2"], {("1",): 300, ("2",): 400}, 1000, "2 run(s) fit; a fit needs 3"),
+        (["batch=1,2,3"], {("1",): 300, ("2",): 300, ("3",): 299.99}, 1000, "the peak does not grow with batch"),
+        (
+            ["batch=1,2,3"],
+            {("1",): 300, ("2",): 310, ("3",): 320},
+            1000,
+            "the line reaches the limit at batch=71, beyond 6",
+        ),
+        (["opt=sgd,adam,lamb"], {("sgd",): 1, ("adam",): 2, ("lamb",): 3}, 1000, "the first axis, opt, is not numeric"),
+        (["batch=1,2,3"], {("1",): 300, ("2",): 400, ("3",): 500}, None, "no limit is known"),
+    ],
+)
+def test_unsound_fits_predict_nothing_and_say_why(
+    specs: list[str], peaks: dict[tuple[str, ...], float], limit: float | None, reason: str
+) -> None:
     mf = max_fit(sweep(specs, peaks, limit))
     assert mf.predicted.value is None
     assert mf.predicted.reason is not None and mf.predicted.reason.startswith(reason), mf.predicted.reason

@@ -34,7 +34,12 @@ def test_reading_the_golden_exposition() -> None:
     judge(run, Outcome(["train.py"], 1, observed=obs, exit_code=0, stopped_by="steps"), limit_mib=None)
     # The reserved mark is the peak on CUDA; the allocator's OOM count makes it an OOM even though it was caught.
     assert run.peak_bytes == 6442450944 and run.baseline_bytes == 3262119936
-    assert run.oom and run.fits is False and run.oom_reason is not None and "memexporter_allocator_ooms_total" in run.oom_reason
+    assert (
+        run.oom
+        and run.fits is False
+        and run.oom_reason is not None
+        and "memexporter_allocator_ooms_total" in run.oom_reason
+    )
 
 
 def test_reading_a_real_exporter_with_a_tracked_model() -> None:
@@ -54,7 +59,11 @@ def test_reading_a_real_exporter_with_a_tracked_model() -> None:
     reading = parse(text)
     # The cheap parse of most polls: the same figures, without the module rows.
     light = parse(text, split_too=False)
-    assert light.split is None and (light.steps, light.devices, light.host_rss) == (reading.steps, reading.devices, reading.host_rss)
+    assert light.split is None and (light.steps, light.devices, light.host_rss) == (
+        reading.steps,
+        reading.devices,
+        reading.host_rss,
+    )
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     assert reading.steps == 3
     assert reading.split is not None
@@ -65,25 +74,38 @@ def test_reading_a_real_exporter_with_a_tracked_model() -> None:
     assert reading.devices["memexporter_memory_peak_bytes"]["cpu"] > 0
 
 
-def outcome(stderr: str = "", exit_code: int = 0, stopped_by: str | None = None, steps: int = 3, peak_mib: float = 100) -> Outcome:
+def outcome(
+    stderr: str = "", exit_code: int = 0, stopped_by: str | None = None, steps: int = 3, peak_mib: float = 100
+) -> Outcome:
     obs = Observed(steps=steps, peaks={"cpu": peak_mib * MiB}, limits={"cpu": 1000 * MiB}, scrapes=steps)
     return Outcome(["train.py"], 1, observed=obs, exit_code=exit_code, stopped_by=stopped_by, stderr=stderr)
 
 
-@pytest.mark.parametrize(("out", "status", "reason"), [
-    (outcome(stopped_by="steps", exit_code=-2), "ok", None),
-    (outcome(exit_code=0, steps=5), "ok", None),  # exited by itself before K steps: measured as it is
-    (outcome("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", exit_code=1), "oom", "out of memory: torch.OutOfMemoryError"),
-    (outcome("Traceback...\nMemoryError", exit_code=1, steps=0), "oom", "out of memory: MemoryError"),
-    (outcome(exit_code=-9), "oom", "killed by SIGKILL, which the sweep did not send"),
-    (outcome(exit_code=137), "oom", "killed by SIGKILL"),  # a shell reports its child's SIGKILL as 137
-    (outcome(exit_code=-9, stopped_by="steps"), "ok", None),  # our own SIGKILL after the grace period
-    (outcome(stopped_by="steps", peak_mib=1200), "oom", "peak 1200.0 MiB over the limit 1000.0 MiB"),
-    (outcome("ValueError: bad shape", exit_code=1), "failed", None),
-    # A CPU MemoryError the script caught and reported, then trained on: still an OOM.
-    (outcome("batch too large (MemoryError), retrying smaller", stopped_by="steps", exit_code=0), "oom", "out of memory: batch too large"),
-    (outcome(stopped_by="interrupt", exit_code=-2), "interrupted", None),
-])
+@pytest.mark.parametrize(
+    ("out", "status", "reason"),
+    [
+        (outcome(stopped_by="steps", exit_code=-2), "ok", None),
+        (outcome(exit_code=0, steps=5), "ok", None),  # exited by itself before K steps: measured as it is
+        (
+            outcome("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", exit_code=1),
+            "oom",
+            "out of memory: torch.OutOfMemoryError",
+        ),
+        (outcome("Traceback...\nMemoryError", exit_code=1, steps=0), "oom", "out of memory: MemoryError"),
+        (outcome(exit_code=-9), "oom", "killed by SIGKILL, which the sweep did not send"),
+        (outcome(exit_code=137), "oom", "killed by SIGKILL"),  # a shell reports its child's SIGKILL as 137
+        (outcome(exit_code=-9, stopped_by="steps"), "ok", None),  # our own SIGKILL after the grace period
+        (outcome(stopped_by="steps", peak_mib=1200), "oom", "peak 1200.0 MiB over the limit 1000.0 MiB"),
+        (outcome("ValueError: bad shape", exit_code=1), "failed", None),
+        # A CPU MemoryError the script caught and reported, then trained on: still an OOM.
+        (
+            outcome("batch too large (MemoryError), retrying smaller", stopped_by="steps", exit_code=0),
+            "oom",
+            "out of memory: batch too large",
+        ),
+        (outcome(stopped_by="interrupt", exit_code=-2), "interrupted", None),
+    ],
+)
 def test_the_oom_verdict(out: Outcome, status: str, reason: str | None) -> None:
     run = Run({"batch": "1"})
     judge(run, out, limit_mib=None)
@@ -98,14 +120,24 @@ def test_limit_mib_overrides_the_device_limit() -> None:
     assert run.limit_bytes == 256 * MiB and run.oom and run.oom_reason == "peak 300.0 MiB over the limit 256.0 MiB"
 
 
-@pytest.mark.parametrize(("split_steps", "shown"), [(0, {"parameters": MiB, "activations": 0.0}),
-                                                     (2, {"parameters": MiB, "gradients": MiB, "optimizer_state": 2 * MiB,
-                                                          "activations": 0.0})])
-def test_gradients_and_optimizer_state_read_before_any_step_are_unknown_not_zero(split_steps: int,
-                                                                                 shown: dict[str, float]) -> None:
+@pytest.mark.parametrize(
+    ("split_steps", "shown"),
+    [
+        (0, {"parameters": MiB, "activations": 0.0}),
+        (2, {"parameters": MiB, "gradients": MiB, "optimizer_state": 2 * MiB, "activations": 0.0}),
+    ],
+)
+def test_gradients_and_optimizer_state_read_before_any_step_are_unknown_not_zero(
+    split_steps: int, shown: dict[str, float]
+) -> None:
     out = outcome(exit_code=0)
     zero = 0.0 if split_steps == 0 else 1.0  # before the first step there is neither
-    out.observed.split = {"parameters": MiB, "gradients": zero * MiB, "optimizer_state": zero * 2 * MiB, "activations": 0.0}
+    out.observed.split = {
+        "parameters": MiB,
+        "gradients": zero * MiB,
+        "optimizer_state": zero * 2 * MiB,
+        "activations": 0.0,
+    }
     out.observed.split_steps = split_steps
     run = Run({"batch": "1"})
     judge(run, out, limit_mib=None)
@@ -115,10 +147,23 @@ def test_gradients_and_optimizer_state_read_before_any_step_are_unknown_not_zero
 def finished_sweep() -> Sweep:
     s = Sweep(parse_grid(["batch=1,2,4,8"]), ["train.py", "--batch", "{batch}"], 10, 520)
     for b, peak in (("1", 300), ("2", 350), ("4", 450)):
-        s.runs.append(Run({"batch": b}, ["train.py", "--batch", b], "ok", "cpu", 10, peak * MiB, peak_rss_bytes=peak * MiB,
-                          baseline_bytes=(peak - 10) * MiB, split={"parameters": MiB, "gradients": MiB, "optimizer_state": 2 * MiB,
-                                                                  "activations": int(b) * MiB},
-                          step_seconds=0.05 * int(b), limit_bytes=520 * MiB, fits=True, exit_code=-2))
+        s.runs.append(
+            Run(
+                {"batch": b},
+                ["train.py", "--batch", b],
+                "ok",
+                "cpu",
+                10,
+                peak * MiB,
+                peak_rss_bytes=peak * MiB,
+                baseline_bytes=(peak - 10) * MiB,
+                split={"parameters": MiB, "gradients": MiB, "optimizer_state": 2 * MiB, "activations": int(b) * MiB},
+                step_seconds=0.05 * int(b),
+                limit_bytes=520 * MiB,
+                fits=True,
+                exit_code=-2,
+            )
+        )
     s.runs.append(Run({"batch": "8"}, status="skipped", fits=False, skipped_by={"batch": "16"}))
     return s
 
@@ -144,7 +189,19 @@ def test_table() -> None:
     s = finished_sweep()
     text = table(s, max_fit(s))
     lines = text.splitlines()
-    assert lines[0].split() == ["#", "batch", "peak", "baseline", "params", "grads", "optim", "activ", "step", "headroom", "result"]
+    assert lines[0].split() == [
+        "#",
+        "batch",
+        "peak",
+        "baseline",
+        "params",
+        "grads",
+        "optim",
+        "activ",
+        "step",
+        "headroom",
+        "result",
+    ]
     assert lines[3].split()[:3] == ["3", "4", "450.0"] and lines[3].endswith("fits")
     assert lines[4].endswith("skipped (batch=16 ran out of memory)")
     assert "largest that fits, measured:  batch=4" in text
@@ -162,8 +219,16 @@ def test_the_plot_is_a_png_with_a_line_per_series_and_the_limit(tmp_path: Path) 
     for seq, per in (("64", 50), ("128", 100)):
         for b in ("1", "2", "4"):
             peak = (200 + per * int(b)) * MiB
-            s.runs.append(Run({"batch": b, "seq": seq}, status="ok" if peak <= 600 * MiB else "oom", peak_bytes=peak,
-                              fits=peak <= 600 * MiB, oom=peak > 600 * MiB, device="cpu"))
+            s.runs.append(
+                Run(
+                    {"batch": b, "seq": seq},
+                    status="ok" if peak <= 600 * MiB else "oom",
+                    peak_bytes=peak,
+                    fits=peak <= 600 * MiB,
+                    oom=peak > 600 * MiB,
+                    device="cpu",
+                )
+            )
     path = tmp_path / "sweep.png"
     fig = plot(s, max_fit(s), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -19,16 +19,22 @@ GIB = 1024 * MIB
 Point = tuple[int, float, float, float]
 
 
-def feed(points: Iterable[Point], capacity: int = 200, warmup: int = 20,
-         seconds: float = WARMUP_SECONDS) -> TrendWindow:
+def feed(
+    points: Iterable[Point], capacity: int = 200, warmup: int = 20, seconds: float = WARMUP_SECONDS
+) -> TrendWindow:
     w = TrendWindow(capacity, warmup, seconds)
     for p in points:
         w.add(*p)
     return w
 
 
-def synthetic(n: int, base: Callable[[int], float], gap: Callable[[int], float] = lambda s: 512 * MIB,
-              dt: float = 0.5, first: int = 0) -> list[Point]:
+def synthetic(
+    n: int,
+    base: Callable[[int], float],
+    gap: Callable[[int], float] = lambda s: 512 * MIB,
+    dt: float = 0.5,
+    first: int = 0,
+) -> list[Point]:
     """Steps first..first+n-1, one every ``dt`` s; peak = baseline + gap(step)."""
     return [(s, s * dt, base(s), base(s) + gap(s)) for s in range(first, first + n)]
 
@@ -54,10 +60,20 @@ SPIKES = {100: 3 * GIB, 101: 3 * GIB, 180: 6 * GIB}  # one-off evaluation spikes
 LEAKS = [
     ("linear 8 MiB/step at 0.5 s/step", synthetic(300, leak(8 * MIB)), 8 * MIB, 16 * MIB, 0.01),
     ("sawtooth peak and baseline plus 2 MiB/step", SAWTOOTH, 2 * MIB, 4 * MIB, 0.02),
-    ("leak with one-off spikes", [(s, t, b + SPIKES.get(s, 0), p + SPIKES.get(s, 0))
-                                  for s, t, b, p in synthetic(300, leak(8 * MIB))], 8 * MIB, 16 * MIB, 0.01),
-    ("tiny leak 64 KiB/step in 256 KiB noise", synthetic(300, noisy(0.25 * MIB, 1, leak(MIB / 16))),
-     MIB / 16, MIB / 8, 0.1),
+    (
+        "leak with one-off spikes",
+        [(s, t, b + SPIKES.get(s, 0), p + SPIKES.get(s, 0)) for s, t, b, p in synthetic(300, leak(8 * MIB))],
+        8 * MIB,
+        16 * MIB,
+        0.01,
+    ),
+    (
+        "tiny leak 64 KiB/step in 256 KiB noise",
+        synthetic(300, noisy(0.25 * MIB, 1, leak(MIB / 16))),
+        MIB / 16,
+        MIB / 8,
+        0.1,
+    ),
     ("tiny noiseless leak 16 KiB/step", synthetic(300, leak(MIB / 64)), MIB / 64, MIB / 32, 0.01),
     ("shrinking 4 MiB/step", synthetic(300, leak(-4 * MIB, 4 * GIB)), -4 * MIB, -8 * MIB, 0.01),
 ]
@@ -91,18 +107,22 @@ def warmup_then_flat(s: int) -> float:
     return 1 * GIB + 50 * MIB * min(s, 20)  # allocator warm-up: steep for 20 steps, then flat
 
 
-FLAT = [
-    (f"warm-up then flat, at step {n - 1}", synthetic(n, warmup_then_flat)) for n in (20 + MIN_POINTS, 60, 100, 300)
-] + [
-    (f"gaussian noise sigma 2 MiB, seed {seed}", synthetic(400, noisy(2 * MIB, seed, lambda s: 4 * GIB)))
-    for seed in range(10)
-] + [
-    ("flat with one-off spikes", [(s, t, b + SPIKES.get(s, 0), p + SPIKES.get(s, 0))
-                                  for s, t, b, p in synthetic(300, lambda s: 2 * GIB)]),
-    ("noiseless 4 KiB/step: under the 1 MiB floor", synthetic(300, leak(MIB / 256))),
-    ("31 post-warm-up points of a steep leak", synthetic(20 + MIN_POINTS - 1, leak(64 * MIB))),
-    ("no steps at all", []),
-]
+FLAT = (
+    [(f"warm-up then flat, at step {n - 1}", synthetic(n, warmup_then_flat)) for n in (20 + MIN_POINTS, 60, 100, 300)]
+    + [
+        (f"gaussian noise sigma 2 MiB, seed {seed}", synthetic(400, noisy(2 * MIB, seed, lambda s: 4 * GIB)))
+        for seed in range(10)
+    ]
+    + [
+        (
+            "flat with one-off spikes",
+            [(s, t, b + SPIKES.get(s, 0), p + SPIKES.get(s, 0)) for s, t, b, p in synthetic(300, lambda s: 2 * GIB)],
+        ),
+        ("noiseless 4 KiB/step: under the 1 MiB floor", synthetic(300, leak(MIB / 256))),
+        ("31 post-warm-up points of a steep leak", synthetic(20 + MIN_POINTS - 1, leak(64 * MIB))),
+        ("no steps at all", []),
+    ]
+)
 
 
 @pytest.mark.parametrize("trace", [c[1] for c in FLAT], ids=[c[0] for c in FLAT])
@@ -253,8 +273,9 @@ def test_capacity_bound(capacity: int) -> None:
 
 
 def test_duplicate_step_keeps_latest_reading() -> None:
-    w = feed([(0, 0.0, 1 * GIB, 2 * GIB), (1, 1.0, 1 * GIB, 2 * GIB), (1, 1.5, 1.5 * GIB, 2.5 * GIB)], warmup=0,
-             seconds=0)
+    w = feed(
+        [(0, 0.0, 1 * GIB, 2 * GIB), (1, 1.0, 1 * GIB, 2 * GIB), (1, 1.5, 1.5 * GIB, 2.5 * GIB)], warmup=0, seconds=0
+    )
     snap = w.snapshot()
     assert (snap.steps, snap.times) == ((0, 1), (0.0, 1.5))
     assert (snap.baselines, snap.peaks) == ((GIB, 1.5 * GIB), (2 * GIB, 2.5 * GIB))
@@ -269,8 +290,12 @@ def test_non_finite_readings_are_dropped() -> None:
 
 @pytest.mark.parametrize(
     ("capacity", "warmup", "error", "named"),
-    [(1, 0, ValueError, "capacity"), (True, 0, TypeError, "capacity"), (2.5, 0, TypeError, "capacity"),
-     (10, -1, ValueError, "warmup_steps")],
+    [
+        (1, 0, ValueError, "capacity"),
+        (True, 0, TypeError, "capacity"),
+        (2.5, 0, TypeError, "capacity"),
+        (10, -1, ValueError, "warmup_steps"),
+    ],
 )
 def test_bad_arguments(capacity: int, warmup: int, error: type[Exception], named: str) -> None:
     with pytest.raises(error, match=f"TrendWindow {named} .*got {capacity if named == 'capacity' else warmup}"):

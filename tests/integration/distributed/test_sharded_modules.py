@@ -53,12 +53,27 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ranks]:
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("this torch build has no torch.distributed with the gloo backend")
     out = tmp_path_factory.mktemp("sharded")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-            str(WORKER), str(out), ",".join(CONFIGS)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={WORLD}",
+        str(WORKER),
+        str(out),
+        ",".join(CONFIGS),
+    ]
     log = out / "torchrun.log"
     with log.open("w") as f:
-        proc = subprocess.run(argv, env=module_env({"OMP_NUM_THREADS": "1"}), cwd=REPO_ROOT, stdout=f,
-                              stderr=subprocess.STDOUT, timeout=300, check=False)
+        proc = subprocess.run(
+            argv,
+            env=module_env({"OMP_NUM_THREADS": "1"}),
+            cwd=REPO_ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+            check=False,
+        )
     files = [out / f"rank{r}.json" for r in range(WORLD)]
     if proc.returncode != 0 or not all(p.exists() for p in files):
         pytest.fail(f"torchrun exited {proc.returncode}:\n{tail(log)}")
@@ -187,7 +202,8 @@ def test_activations_as_without_the_wrapper(results: dict[str, Ranks], config: s
         tolerance = 0.01 * sum(want.values())
         for row in set(got) | set(want):
             assert got.get(row, 0) == pytest.approx(want.get(row, 0), abs=tolerance), (
-                f"rank {r} row {row}: {got.get(row, 0)} under {config}, {want.get(row, 0)} without it")
+                f"rank {r} row {row}: {got.get(row, 0)} under {config}, {want.get(row, 0)} without it"
+            )
 
 
 def test_fsdp2_agrees_with_fsdp_mem_tracker(results: dict[str, Ranks]) -> None:
@@ -202,16 +218,22 @@ def test_fsdp2_agrees_with_fsdp_mem_tracker(results: dict[str, Ranks]) -> None:
     for r, res in enumerate(ranks_of(results, "fsdp2_after_reshard")):
         mt = res["memtracker"]
         cur = mt["current"]
-        for family, category in (("parameter", "Sharded Param"), ("gradient", "Sharded Grad"),
-                                 ("optimizer_state", "OptState")):
+        for family, category in (
+            ("parameter", "Sharded Param"),
+            ("gradient", "Sharded Grad"),
+            ("optimizer_state", "OptState"),
+        ):
             ours = sum(rows(res, family).values())
-            assert ours == cur[category], f"rank {r}: {family} rows sum to {ours}, FSDPMemTracker {category} {cur[category]}"
+            assert ours == cur[category], (
+                f"rank {r}: {family} rows sum to {ours}, FSDPMemTracker {category} {cur[category]}"
+            )
         root = mt["modules"]["(root)"]
         alive = root["AFT_POST_FW"]["Activation"] - root["BEF_PRE_FW"]["Activation"]
         ours = sum(rows(res, "activation").values())
         assert ours == alive - OUTPUT_BYTES + INPUT_BYTES, (
             f"rank {r}: activation rows sum to {ours}; FSDPMemTracker: {alive} alive, output {OUTPUT_BYTES}, "
-            f"input {INPUT_BYTES}")
+            f"input {INPUT_BYTES}"
+        )
         unsharded = rows(res, "parameter_unsharded")
         assert set(mt["modules"]) == {"(root)", "blocks.0", "blocks.1"}
         for group, snaps in mt["modules"].items():
@@ -230,8 +252,13 @@ def test_sharded_dashboard_panels_read_the_ranks_scrapes_in_promtool(results: di
     ranks = ranks_of(results, "fsdp2_after_reshard")
     series = []
     for r, res in enumerate(ranks):
-        series.append({"series": f'memexporter_run_info{{job="memexporter", instance="127.0.0.1:{9400 + r}", '
-                                 f'rank="{r}", run_id="sharded", detail="per_rank"}}', "values": "1x4"})
+        series.append(
+            {
+                "series": f'memexporter_run_info{{job="memexporter", instance="127.0.0.1:{9400 + r}", '
+                f'rank="{r}", run_id="sharded", detail="per_rank"}}',
+                "values": "1x4",
+            }
+        )
         for family in ("parameter", "parameter_unsharded"):
             for module, value in rows(res, family).items():
                 labels = f'job="memexporter", instance="127.0.0.1:{9400 + r}", rank="{r}", module="{module}"'
@@ -244,13 +271,25 @@ def test_sharded_dashboard_panels_read_the_ranks_scrapes_in_promtool(results: di
     for panel in [p for p in dash["panels"] if p["title"].startswith("Sharded modules")]:
         for target in panel["targets"]:
             expected = want[target["legendFormat"]]
-            tests.append({"expr": substitute(target["expr"]), "eval_time": "1m", "exp_samples": [
-                {"labels": f'{{module="{m}"}}', "value": v if expected is None else expected}
-                for m, v in sorted(unsharded.items())]})
+            tests.append(
+                {
+                    "expr": substitute(target["expr"]),
+                    "eval_time": "1m",
+                    "exp_samples": [
+                        {"labels": f'{{module="{m}"}}', "value": v if expected is None else expected}
+                        for m, v in sorted(unsharded.items())
+                    ],
+                }
+            )
     assert len(tests) == 3
-    doc = {"rule_files": [], "evaluation_interval": "1m",
-           "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}]}
+    doc = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+    }
     path = tmp_path / "sharded_panels.test.yml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    out = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -74,8 +74,10 @@ def check_phases_and_peaks(got: Samples, steps: list[tuple[int, bool, Samples]],
 
     eval_peak = got.need("memexporter_phase_peak_bytes", phase="eval", device="cpu")
     train_peak = got.need("memexporter_phase_peak_bytes", phase="train", device="cpu")
-    print(f"eval peak {eval_peak / MiB:.1f} MiB, train peak {train_peak / MiB:.1f} MiB, "
-          f"difference {(eval_peak - train_peak) / MiB:.2f} MiB")
+    print(
+        f"eval peak {eval_peak / MiB:.1f} MiB, train peak {train_peak / MiB:.1f} MiB, "
+        f"difference {(eval_peak - train_peak) / MiB:.2f} MiB"
+    )
     assert EVAL_EXTRA * 0.95 <= eval_peak - train_peak <= EVAL_EXTRA * 1.05
 
     peaks = [(g, after, s.need("memexporter_memory_peak_bytes", device="cpu")) for g, after, s in steps]
@@ -83,8 +85,10 @@ def check_phases_and_peaks(got: Samples, steps: list[tuple[int, bool, Samples]],
     assert sum(after for _, after, _ in peaks) >= 4, peaks
     first = peaks[0][2]  # before any evaluation (Lightning's sanity check aside)
     for g, after, peak in peaks:
-        assert peak <= first + EVAL_EXTRA / 8, f"step {g}{f' right after {evaluation}' if after else ''}: " \
-                                               f"peak {peak / MiB:.1f} MiB, step 1's {first / MiB:.1f} MiB"
+        assert peak <= first + EVAL_EXTRA / 8, (
+            f"step {g}{f' right after {evaluation}' if after else ''}: "
+            f"peak {peak / MiB:.1f} MiB, step 1's {first / MiB:.1f} MiB"
+        )
 
 
 # --- Lightning ----------------------------------------------------------------------------------
@@ -144,9 +148,16 @@ def make_module(L: Any, eval_extra: int = 0, leak: int = 0, step_sleep: float = 
 
 
 def l_trainer(L: Any, tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> Any:
-    opts: dict[str, Any] = {"accelerator": "cpu", "devices": 1, "max_epochs": L_EPOCHS, "logger": False,
-                            "enable_progress_bar": False, "enable_model_summary": False,
-                            "enable_checkpointing": False, "default_root_dir": str(tmp_path)}
+    opts: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_epochs": L_EPOCHS,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "default_root_dir": str(tmp_path),
+    }
     opts.update(kwargs)
     return L.Trainer(callbacks=callbacks, **opts)
 
@@ -199,11 +210,16 @@ def test_lightning_callback_steps_phases_and_peaks(tmp_path: Path, clean: None) 
     module = make_module(L, eval_extra=EVAL_EXTRA)
     probe = lightning_probe(L)
     ckpt_dir = tmp_path / "ckpt"
-    saver = L.pytorch.callbacks.ModelCheckpoint(dirpath=str(ckpt_dir), every_n_train_steps=L_SAVE_EVERY,
-                                                save_top_k=-1)
+    saver = L.pytorch.callbacks.ModelCheckpoint(dirpath=str(ckpt_dir), every_n_train_steps=L_SAVE_EVERY, save_top_k=-1)
     callback = MemexporterCallback(port=free_port(), addr="127.0.0.1")
-    trainer = l_trainer(L, tmp_path, [callback, probe, saver], accumulate_grad_batches=L_ACCUM,
-                        val_check_interval=L_VAL_EVERY, enable_checkpointing=True)
+    trainer = l_trainer(
+        L,
+        tmp_path,
+        [callback, probe, saver],
+        accumulate_grad_batches=L_ACCUM,
+        val_check_interval=L_VAL_EVERY,
+        enable_checkpointing=True,
+    )
     errors = hook_errors()
     trainer.fit(module, l_loader(L_TRAIN_ROWS, 1), l_loader(L_VAL_ROWS, 2))
 
@@ -256,18 +272,28 @@ def hf_dataset(n: int, seed: int) -> Any:
 
 
 def tiny_gpt2(T: Any) -> Any:
-    cfg = T.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
-                       bos_token_id=0, eos_token_id=0)
+    cfg = T.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     return T.GPT2LMHeadModel(cfg)
 
 
 def hf_args(T: Any, tmp_path: Path, **kwargs: Any) -> Any:
-    opts: dict[str, Any] = {"output_dir": str(tmp_path / "out"), "per_device_train_batch_size": BATCH,
-                            "per_device_eval_batch_size": BATCH, "num_train_epochs": HF_EPOCHS,
-                            "logging_strategy": "no", "save_strategy": "no", "eval_strategy": "no",
-                            "report_to": [], "use_cpu": True, "disable_tqdm": True, "dataloader_num_workers": 0,
-                            "seed": 0}
+    opts: dict[str, Any] = {
+        "output_dir": str(tmp_path / "out"),
+        "per_device_train_batch_size": BATCH,
+        "per_device_eval_batch_size": BATCH,
+        "num_train_epochs": HF_EPOCHS,
+        "logging_strategy": "no",
+        "save_strategy": "no",
+        "eval_strategy": "no",
+        "report_to": [],
+        "use_cpu": True,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "seed": 0,
+    }
     opts.update(kwargs)
     return T.TrainingArguments(**opts)
 
@@ -324,11 +350,22 @@ def test_transformers_callback_steps_phases_and_peaks(tmp_path: Path, clean: Non
             held.clear()  # after the memexporter callback's on_evaluate (the list's order)
 
     probe = hf_probe(T, exp.url)
-    args = hf_args(T, tmp_path, gradient_accumulation_steps=HF_ACCUM, eval_strategy="steps",
-                   eval_steps=HF_EVAL_EVERY, save_strategy="steps", save_steps=HF_SAVE_EVERY)
-    trainer = T.Trainer(model=model, args=args, train_dataset=hf_dataset(HF_TRAIN_ROWS, 1),
-                        eval_dataset=hf_dataset(HF_EVAL_ROWS, 2),
-                        callbacks=[MemexporterCallback(), probe, DropHeld()])
+    args = hf_args(
+        T,
+        tmp_path,
+        gradient_accumulation_steps=HF_ACCUM,
+        eval_strategy="steps",
+        eval_steps=HF_EVAL_EVERY,
+        save_strategy="steps",
+        save_steps=HF_SAVE_EVERY,
+    )
+    trainer = T.Trainer(
+        model=model,
+        args=args,
+        train_dataset=hf_dataset(HF_TRAIN_ROWS, 1),
+        eval_dataset=hf_dataset(HF_EVAL_ROWS, 2),
+        callbacks=[MemexporterCallback(), probe, DropHeld()],
+    )
     errors = hook_errors()
     trainer.train()
     got = read_samples(exp.url)
@@ -365,8 +402,14 @@ def run_small(framework: str, tmp_path: Path, callback_kwargs: dict[str, Any]) -
             def on_train_end(self, trainer: Any, pl_module: Any) -> None:
                 seen.append(mx_exporter.running())
 
-        trainer = l_trainer(L, tmp_path, [LCallback(**callback_kwargs), Seen()], max_epochs=1,
-                            accumulate_grad_batches=2, val_check_interval=4)
+        trainer = l_trainer(
+            L,
+            tmp_path,
+            [LCallback(**callback_kwargs), Seen()],
+            max_epochs=1,
+            accumulate_grad_batches=2,
+            val_check_interval=4,
+        )
         trainer.fit(make_module(L), l_loader(L_TRAIN_ROWS, 1), l_loader(L_VAL_ROWS, 2))
         return trainer.global_step, L_TRAIN_ROWS // BATCH // 2, seen[0]
     T = transformers()
@@ -376,17 +419,31 @@ def run_small(framework: str, tmp_path: Path, callback_kwargs: dict[str, Any]) -
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             seen.append(mx_exporter.running())
 
-    args = hf_args(T, tmp_path, num_train_epochs=1, gradient_accumulation_steps=2, eval_strategy="steps",
-                   eval_steps=2, save_strategy="steps", save_steps=3)
-    trainer = T.Trainer(model=tiny_gpt2(T), args=args, train_dataset=hf_dataset(HF_TRAIN_ROWS, 1),
-                        eval_dataset=hf_dataset(HF_EVAL_ROWS, 2), callbacks=[HFSeen(), HFCallback(**callback_kwargs)])
+    args = hf_args(
+        T,
+        tmp_path,
+        num_train_epochs=1,
+        gradient_accumulation_steps=2,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=3,
+    )
+    trainer = T.Trainer(
+        model=tiny_gpt2(T),
+        args=args,
+        train_dataset=hf_dataset(HF_TRAIN_ROWS, 1),
+        eval_dataset=hf_dataset(HF_EVAL_ROWS, 2),
+        callbacks=[HFSeen(), HFCallback(**callback_kwargs)],
+    )
     trainer.train()
     return trainer.state.global_step, HF_TRAIN_ROWS // BATCH // 2, seen[0]
 
 
 @pytest.mark.parametrize("framework", ["lightning", "transformers"])
-def test_port_taken_training_goes_on(tmp_path: Path, clean: None, caplog: pytest.LogCaptureFixture,
-                                     framework: str) -> None:
+def test_port_taken_training_goes_on(
+    tmp_path: Path, clean: None, caplog: pytest.LogCaptureFixture, framework: str
+) -> None:
     """The base port is held by another socket: the exporter logs that it cannot serve (the
     default ``strict=False``), the run trains to its last step, and the callback still stops the
     exporter it started."""
@@ -417,8 +474,9 @@ def test_port_taken_with_strict_raises(tmp_path: Path, clean: None, framework: s
 
 
 @pytest.mark.parametrize("framework", ["lightning", "transformers"])
-def test_memexporter_failures_never_reach_training(tmp_path: Path, clean: None, monkeypatch: pytest.MonkeyPatch,
-                                                   caplog: pytest.LogCaptureFixture, framework: str) -> None:
+def test_memexporter_failures_never_reach_training(
+    tmp_path: Path, clean: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, framework: str
+) -> None:
     """``memexporter.phase`` and ``memexporter.step`` raise on every call: the run trains to its
     last step; the failures are counted in ``memexporter_hook_errors_total`` and logged once."""
 
@@ -468,8 +526,9 @@ class SimulatedOom:
 
 
 @pytest.mark.parametrize("leaking", [True, False], ids=["leaking", "healthy"])
-def test_lightning_checkpoint_on_oom_risk(tmp_path: Path, clean: None, caplog: pytest.LogCaptureFixture,
-                                          leaking: bool) -> None:
+def test_lightning_checkpoint_on_oom_risk(
+    tmp_path: Path, clean: None, caplog: pytest.LogCaptureFixture, leaking: bool
+) -> None:
     """``save_checkpoint_on_oom_risk=True`` with ``memory_limit_bytes`` 192 MiB above the RSS at the
     start. Leaking 1 MiB a step, the run writes ``oom-risk-step=<N>.ckpt`` (loadable, with the
     model's weights) into the ``ModelCheckpoint``'s folder, and logs why and where, before its RSS
@@ -481,12 +540,21 @@ def test_lightning_checkpoint_on_oom_risk(tmp_path: Path, clean: None, caplog: p
     module = make_module(L, leak=LEAK if leaking else 0, step_sleep=RISK_STEP_S)
     limit = rss() + HEADROOM
     oom = type("Oom", (SimulatedOom, L.Callback), {})(limit, ckpt_dir)
-    callback = MemexporterCallback(port=0, addr="127.0.0.1", save_checkpoint_on_oom_risk=True,
-                                   memory_limit_bytes=limit, warmup_steps=0)
+    callback = MemexporterCallback(
+        port=0, addr="127.0.0.1", save_checkpoint_on_oom_risk=True, memory_limit_bytes=limit, warmup_steps=0
+    )
     saver = L.pytorch.callbacks.ModelCheckpoint(dirpath=str(ckpt_dir), save_top_k=0)  # only gives the folder
     max_steps = int(1.5 * HEADROOM / LEAK) if leaking else HEALTHY_STEPS
-    trainer = l_trainer(L, tmp_path, [callback, oom, saver], max_steps=max_steps, max_epochs=-1,
-                        limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=True)
+    trainer = l_trainer(
+        L,
+        tmp_path,
+        [callback, oom, saver],
+        max_steps=max_steps,
+        max_epochs=-1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_checkpointing=True,
+    )
     with caplog.at_level(logging.WARNING, logger="memexporter"):
         trainer.fit(module, l_loader(4 * BATCH, 1))
     written = sorted(ckpt_dir.glob("oom-risk-*.ckpt"))
@@ -529,8 +597,9 @@ def test_transformers_oom_risk_sets_should_save(tmp_path: Path, clean: None, cap
 
     args = hf_args(T, tmp_path, num_train_epochs=1, gradient_accumulation_steps=2)
     callback = MemexporterCallback(port=0, addr="127.0.0.1", save_checkpoint_on_oom_risk=True)
-    trainer = T.Trainer(model=tiny_gpt2(T), args=args, train_dataset=hf_dataset(HF_TRAIN_ROWS, 1),
-                        callbacks=[RiskAtStep3(), callback])
+    trainer = T.Trainer(
+        model=tiny_gpt2(T), args=args, train_dataset=hf_dataset(HF_TRAIN_ROWS, 1), callbacks=[RiskAtStep3(), callback]
+    )
     with caplog.at_level(logging.WARNING, logger="memexporter"):
         trainer.train()
     out = tmp_path / "out"
@@ -574,8 +643,12 @@ def test_transformers_evaluate_and_predict_outside_train(tmp_path: Path, clean: 
     T = transformers()
     from memexporter.integrations.transformers import MemexporterCallback
 
-    trainer = T.Trainer(model=tiny_gpt2(T), args=hf_args(T, tmp_path), eval_dataset=hf_dataset(HF_EVAL_ROWS, 2),
-                        callbacks=[MemexporterCallback(port=0, addr="127.0.0.1")])
+    trainer = T.Trainer(
+        model=tiny_gpt2(T),
+        args=hf_args(T, tmp_path),
+        eval_dataset=hf_dataset(HF_EVAL_ROWS, 2),
+        callbacks=[MemexporterCallback(port=0, addr="127.0.0.1")],
+    )
     exp = mx_exporter.running()
     assert exp is not None and exp.url, "on_init_end started no exporter"
     trainer.evaluate()
@@ -634,21 +707,28 @@ def test_pytorch_lightning_trainer_takes_the_callback(tmp_path: Path, clean: Non
 
 def test_import_memexporter_imports_no_framework() -> None:
     """``import memexporter`` (and ``memexporter.integrations``) never imports a framework."""
-    code = ("import memexporter, memexporter.integrations, sys; "
-            "bad = sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'accelerate') if m in sys.modules); "
-            "assert not bad, bad")
+    code = (
+        "import memexporter, memexporter.integrations, sys; "
+        "bad = sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'accelerate') if m in sys.modules); "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-@pytest.mark.parametrize(("module", "blocked", "says"), [
-    ("lightning", ("lightning", "lightning.pytorch", "pytorch_lightning"), "pip install lightning"),
-    ("transformers", ("transformers",), "pip install transformers"),
-])
+@pytest.mark.parametrize(
+    ("module", "blocked", "says"),
+    [
+        ("lightning", ("lightning", "lightning.pytorch", "pytorch_lightning"), "pip install lightning"),
+        ("transformers", ("transformers",), "pip install transformers"),
+    ],
+)
 def test_missing_framework_says_what_to_install(module: str, blocked: tuple[str, ...], says: str) -> None:
     """Without the framework, importing its integration raises an ``ImportError`` naming the
     package and the ``frameworks`` extra."""
-    code = (f"import sys; sys.modules.update(dict.fromkeys({blocked!r}))\n"
-            f"try:\n    import memexporter.integrations.{module}\n"
-            "except ImportError as e:\n    print(e)\nelse:\n    raise SystemExit('imported')")
+    code = (
+        f"import sys; sys.modules.update(dict.fromkeys({blocked!r}))\n"
+        f"try:\n    import memexporter.integrations.{module}\n"
+        "except ImportError as e:\n    print(e)\nelse:\n    raise SystemExit('imported')"
+    )
     out = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True).stdout
     assert says in out and "memexporter[frameworks]" in out, out

@@ -131,8 +131,9 @@ def loader(n: int, seed: int) -> Any:
 
 
 @pytest.mark.parametrize("how", ["trainer_optimizer", "lightning_optimizer", "track_before_fit_no_optimizer"])
-def test_lightning_rows_partition_the_model(tmp_path: Path, start_exporter: Callable[..., Any], errors_before: int,
-                                            how: str) -> None:
+def test_lightning_rows_partition_the_model(
+    tmp_path: Path, start_exporter: Callable[..., Any], errors_before: int, how: str
+) -> None:
     """steps == ``trainer.global_step``; parameters, gradients and AdamW state summed over rows ==
     the module's; activation rows nonzero although the root's forward never runs (entries through
     ``net``); no hook error. Tracked with ``trainer.optimizers[0]``, with the ``LightningOptimizer``,
@@ -143,9 +144,18 @@ def test_lightning_rows_partition_the_model(tmp_path: Path, start_exporter: Call
     if how == "track_before_fit_no_optimizer":
         memexporter.track(module)  # removed by the fixture
     callback = Record(how)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=EPOCHS, accumulate_grad_batches=ACCUM,
-                        enable_checkpointing=False, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=[callback])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=ACCUM,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[callback],
+    )
     trainer.fit(module, loader(TRAIN_ROWS, 1), loader(VAL_ROWS, 2))
     got = scrape(exp.url)
 

@@ -44,8 +44,9 @@ from tests.support.frameworks import check_common, first_owners, nbytes, scrape
 pytestmark = [pytest.mark.integration]
 
 torch = pytest.importorskip("torch", reason="needs torch")
-mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker",
-                                  reason="needs torch's MemTracker (torch.distributed._tools, torch >= 2.5)")
+mem_tracker = pytest.importorskip(
+    "torch.distributed._tools.mem_tracker", reason="needs torch's MemTracker (torch.distributed._tools, torch >= 2.5)"
+)
 nn = torch.nn
 F = torch.nn.functional
 
@@ -188,8 +189,17 @@ def test_memtracker_agrees_on_tiny_gpt2(start_exporter: Callable[..., Any], erro
     """A transformers GPT-2 with tied embeddings: the tied weight is MemTracker's in both modules,
     ours once; each transformer block's activations agree exactly."""
     transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[frameworks])")
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=32,
-                                  tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, use_cache=False)
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=128,
+        n_positions=32,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

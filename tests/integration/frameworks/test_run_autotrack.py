@@ -35,12 +35,24 @@ SCRIPT = Path(__file__).parent / "scripts" / "hf_trainer_script.py"
 def run(tmp_path: Path, *options: str, env: dict[str, str] | None = None) -> tuple[Scrape, dict[str, Any]]:
     port = free_port()
     log = tmp_path / "run.log"
-    argv = [sys.executable, "-m", "memexporter", "run", "--port", str(port), "--addr", "127.0.0.1", *options,
-            str(SCRIPT), str(tmp_path)]
+    argv = [
+        sys.executable,
+        "-m",
+        "memexporter",
+        "run",
+        "--port",
+        str(port),
+        "--addr",
+        "127.0.0.1",
+        *options,
+        str(SCRIPT),
+        str(tmp_path),
+    ]
     environ = module_env({"HF_SCRIPT_METRICS_URL": f"http://127.0.0.1:{port}/metrics", **(env or {})})
     with log.open("w") as f:
-        proc = subprocess.run(argv, env=environ, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=180,
-                              check=False)
+        proc = subprocess.run(
+            argv, env=environ, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=180, check=False
+        )
     result = tmp_path / "result.json"
     if proc.returncode != 0 or not result.exists():
         pytest.fail(f"{' '.join(argv)} exited {proc.returncode}:\n{tail(log)}")
@@ -94,8 +106,9 @@ def test_run_module_depth_applies(tmp_path: Path) -> None:
     check_totals(got, data)
 
 
-@pytest.mark.parametrize(("options", "env"), [(["--no-auto-track"], {}), ([], {"MEMEXPORTER_AUTO_TRACK": "0"})],
-                         ids=["flag", "env"])
+@pytest.mark.parametrize(
+    ("options", "env"), [(["--no-auto-track"], {}), ([], {"MEMEXPORTER_AUTO_TRACK": "0"})], ids=["flag", "env"]
+)
 def test_run_auto_track_off(tmp_path: Path, options: list[str], env: dict[str, str]) -> None:
     got, data = run(tmp_path, *options, env=env)
     check_run(got, data)

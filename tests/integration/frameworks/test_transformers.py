@@ -56,8 +56,16 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[misc]
 
 
 def tiny_gpt2() -> Any:
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32,
-                                  tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=VOCAB,
+        n_positions=32,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg)
     assert model.lm_head.weight is model.transformer.wte.weight, "the embedding is not tied to the LM head"
@@ -92,13 +100,29 @@ class Record(transformers.TrainerCallback):  # type: ignore[misc]
 
 def train(tmp_path: Path, model: Any, callback: Record, optimizer: Any = None) -> Any:
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=BATCH, per_device_eval_batch_size=BATCH,
-        gradient_accumulation_steps=ACCUM, num_train_epochs=EPOCHS, eval_strategy="steps", eval_steps=2,
-        logging_strategy="no", save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
-        dataloader_num_workers=0, seed=0)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=RandomTokens(TRAIN_ROWS, 1),
-                                   eval_dataset=RandomTokens(EVAL_ROWS, 2), callbacks=[callback],
-                                   optimizers=(optimizer, None))
+        output_dir=str(tmp_path / "trainer"),
+        per_device_train_batch_size=BATCH,
+        per_device_eval_batch_size=BATCH,
+        gradient_accumulation_steps=ACCUM,
+        num_train_epochs=EPOCHS,
+        eval_strategy="steps",
+        eval_steps=2,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    trainer = transformers.Trainer(
+        model=model,
+        args=args,
+        train_dataset=RandomTokens(TRAIN_ROWS, 1),
+        eval_dataset=RandomTokens(EVAL_ROWS, 2),
+        callbacks=[callback],
+        optimizers=(optimizer, None),
+    )
     trainer.train()
     return trainer
 
@@ -107,8 +131,9 @@ HOW = ["start_model", "track_before_no_optimizer", "track_before_own_optimizer",
 
 
 @pytest.mark.parametrize("how", HOW)
-def test_trainer_rows_partition_the_model(tmp_path: Path, start_exporter: Callable[..., Any], errors_before: int,
-                                          how: str) -> None:
+def test_trainer_rows_partition_the_model(
+    tmp_path: Path, start_exporter: Callable[..., Any], errors_before: int, how: str
+) -> None:
     """``start(model=...)``, ``track(model)`` before ``train()`` (no optimizer yet: the global step
     hook finds it), ``track(model, opt)`` before ``train()`` with the AdamW handed to the ``Trainer``
     (``optimizers=(opt, None)``; it wraps it later) and ``track(model, kwargs["optimizer"])`` in

@@ -127,8 +127,9 @@ def row(handle: TrackHandle, family: str, name: str) -> int:
 
 
 def all_hooks(model: nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._forward_hooks_always_called)
-               for m in model.modules())
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._forward_hooks_always_called) for m in model.modules()
+    )
 
 
 def grads_of(model: nn.Module) -> list[torch.Tensor]:

@@ -142,4 +142,3 @@ def test_a_storage_saved_twice_counts_once_also_across_nested_calls_of_the_root(
     assert outer.activation_packs > len(outer.seen), "the model should save some storage twice"
     assert totals(handle)["activation"] == outer.bytes
     assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None  # nothing left pushed
-

@@ -70,8 +70,9 @@ def test_track_defaults_to_the_running_exporters_row_knobs() -> None:
 
 
 @pytest.mark.parametrize("grad", [True, False])
-def test_a_job_that_never_steps_gives_up_with_one_line(monkeypatch: pytest.MonkeyPatch,
-                                                       caplog: pytest.LogCaptureFixture, grad: bool) -> None:
+def test_a_job_that_never_steps_gives_up_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, grad: bool
+) -> None:
     # Inference under no_grad counts too: before, its calls never did, and the global hooks (which
     # slow every module call) stayed for the life of the process.
     monkeypatch.setattr(discover, "GIVE_UP_CALLS", 5)
@@ -111,7 +112,10 @@ def test_the_scripts_own_track_after_auto_track_takes_over() -> None:
 def test_every_model_an_optimizer_steps_is_found_a_gan() -> None:
     # The textbook GAN loop steps D first; G (the larger) was tracked by no one before.
     memexporter.start(port=0, addr="127.0.0.1", auto_track=True)
-    g, d = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 16)), nn.Sequential(nn.Linear(16, 4), nn.Linear(4, 1))
+    g, d = (
+        nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 16)),
+        nn.Sequential(nn.Linear(16, 4), nn.Linear(4, 1)),
+    )
     opt_g, opt_d = torch.optim.Adam(g.parameters()), torch.optim.Adam(d.parameters())
     for _ in range(3):
         fake = g(torch.randn(4, 8))

@@ -67,7 +67,8 @@ def test_parts_of_one_pass_add_up_and_the_next_pass_starts_afresh() -> None:
 
 
 def test_forwards_are_recorded_at_most_once_per_interval_and_row_hooks_come_off(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(tracking_schedule, "RECORD_INTERVAL_S", 3600.0)
     model = Deep(4)
     handle = track(model)

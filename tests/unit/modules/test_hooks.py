@@ -59,7 +59,8 @@ def test_failing_internals_are_counted_not_raised(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_first_hook_failure_is_logged_with_its_traceback_later_ones_only_counted(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(tracking_errors, "_errors", 0)  # as in a fresh process
     monkeypatch.setattr(tracking_optimizer, "STEP_COUNT_INTERVAL_S", 0.0)  # every step counts
 

@@ -29,11 +29,14 @@ def run(steps: list[float]) -> list[bool]:
     return out
 
 
-@pytest.mark.parametrize(("step_s", "recorded"), [
-    (0.01, [0, 100, 200]),  # fast steps: once a second
-    (0.3, [0, 8, 16]),  # slower than 1 s per 4 steps: one in eight
-    (5.0, [0, 8, 16]),  # slower than the interval: one in eight
-])
+@pytest.mark.parametrize(
+    ("step_s", "recorded"),
+    [
+        (0.01, [0, 100, 200]),  # fast steps: once a second
+        (0.3, [0, 8, 16]),  # slower than 1 s per 4 steps: one in eight
+        (5.0, [0, 8, 16]),  # slower than the interval: one in eight
+    ],
+)
 def test_which_passes_are_recorded(step_s: float, recorded: list[int]) -> None:
     marks = run([i * step_s for i in range(24 if step_s >= 0.3 else 201)])
     assert [i for i, r in enumerate(marks) if r][:3] == recorded

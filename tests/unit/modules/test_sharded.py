@@ -53,7 +53,8 @@ def test_ddp_bucket_view_gradients_are_charged_to_their_own_parameters(monkeypat
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("reshard", [True, False])
 def test_fsdp2_rows_count_dtensors_tracked_before_or_after_sharding(
-        monkeypatch: pytest.MonkeyPatch, when: str, reshard: bool) -> None:
+    monkeypatch: pytest.MonkeyPatch, when: str, reshard: bool
+) -> None:
     monkeypatch.setattr(tracking_optimizer, "STEP_COUNT_INTERVAL_S", 0.0)
     torch.manual_seed(0)
     model = Deep(3)

@@ -129,8 +129,10 @@ def test_torch_compile_smoke(style: str) -> None:
     assert hook_errors() == errors
 
 
-@pytest.mark.skipif(os.environ.get("MEMEXPORTER_TEST_INDUCTOR") != "1",
-                    reason="inductor compiles C++ (20-60 s on a 2-core CPU box); set MEMEXPORTER_TEST_INDUCTOR=1 to run")
+@pytest.mark.skipif(
+    os.environ.get("MEMEXPORTER_TEST_INDUCTOR") != "1",
+    reason="inductor compiles C++ (20-60 s on a 2-core CPU box); set MEMEXPORTER_TEST_INDUCTOR=1 to run",
+)
 def test_torch_compile_inductor() -> None:
     torch._dynamo.reset()
     model = Deep(2)

@@ -84,18 +84,23 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y:
 
 # --- reading /metrics -----------------------------------------------------------------------------
 
+
 def scrape(url: str) -> dict[str, Any]:
     """This rank's series of interest: per-family module rows, steps, hook errors, collectors."""
     rank = str(dist.get_rank())
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    out: dict[str, Any] = {"rows": {f: {} for f in FAMILIES}, "steps": None, "hook_errors": None,
-                           "collector_success": {}}
+    out: dict[str, Any] = {
+        "rows": {f: {} for f in FAMILIES},
+        "steps": None,
+        "hook_errors": None,
+        "collector_success": {},
+    }
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.labels.get("rank", rank) != rank:
                 continue
             if s.name.startswith("memexporter_module_") and s.name.endswith("_bytes") and "module" in s.labels:
-                family = s.name[len("memexporter_module_"):-len("_bytes")]
+                family = s.name[len("memexporter_module_") : -len("_bytes")]
                 if family in FAMILIES:
                     out["rows"][family][s.labels["module"]] = s.value
             elif s.name == "memexporter_steps_total":
@@ -108,6 +113,7 @@ def scrape(url: str) -> dict[str, Any]:
 
 
 # --- what the rows should say, from element counts ------------------------------------------------
+
 
 def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
@@ -132,8 +138,9 @@ def expected(inner: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
         # FSDP1 wraps each unit: its wrapper's attribute is no part of the row's name.
         label = ".".join(part for part in name.split(".") if part != "_fsdp_wrapped_module") or "(root)"
         for p in mod.parameters(recurse=False):
-            r = rows.setdefault(label, dict.fromkeys(
-                ("parameter", "gradient", "optimizer_state", "global", "replicated", "count"), 0))
+            r = rows.setdefault(
+                label, dict.fromkeys(("parameter", "gradient", "optimizer_state", "global", "replicated", "count"), 0)
+            )
             r["parameter"] += nbytes(local(p))
             r["global"] += nbytes(p)
             r["replicated"] += nbytes(p) if replicated(p) else 0
@@ -175,15 +182,30 @@ def _cpu(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
 
 # --- configurations -------------------------------------------------------------------------------
 
+
 class Run:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def common(self, model: nn.Module, inner: nn.Module, opt: torch.optim.Optimizer, handle: Any,
-               before: dict[str, Any], steps: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def common(
+        self,
+        model: nn.Module,
+        inner: nn.Module,
+        opt: torch.optim.Optimizer,
+        handle: Any,
+        before: dict[str, Any],
+        steps: int,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         after = scrape(self.url)
-        result = {"before": before, "after": after, "steps_taken": steps, "expected": expected(inner, opt),
-                  "hook_errors_fn": mx_hooks.hook_errors(), **(extra or {})}
+        result = {
+            "before": before,
+            "after": after,
+            "steps_taken": steps,
+            "expected": expected(inner, opt),
+            "hook_errors_fn": mx_hooks.hook_errors(),
+            **(extra or {}),
+        }
         handle.remove()
         return result
 
@@ -238,8 +260,9 @@ class Run:
             steps += 1
         return self.common(model, model, opt, handle, before, steps, extra)
 
-    def memtracker_step(self, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-                        y: torch.Tensor) -> dict[str, Any]:
+    def memtracker_step(
+        self, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+    ) -> dict[str, Any]:
         """One more step under torch's FSDPMemTracker: its category totals after the step and, per
         FSDP module, the categories just before its pre-forward, after it, and after its post-forward."""
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModState
@@ -255,7 +278,8 @@ class Run:
             per_module[names.get(mod, stats.mod_fqn)] = {
                 state.name: _cpu(stats.snapshots[state][0])
                 for state in (_FSDPModState.BEF_PRE_FW, _FSDPModState.AFT_PRE_FW, _FSDPModState.AFT_POST_FW)
-                if stats.snapshots.get(state)}
+                if stats.snapshots.get(state)
+            }
         return {"current": _cpu(current), "modules": per_module}
 
     def fsdp1(self, use_orig_params: bool) -> dict[str, Any]:
@@ -268,8 +292,12 @@ class Run:
         before = scrape(self.url)
         inner = new_model()
         whole = sum(nbytes(p) for p in inner.parameters())
-        model = FSDP(inner, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
-                     use_orig_params=use_orig_params)
+        model = FSDP(
+            inner,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            device_id=torch.device("cpu"),
+            use_orig_params=use_orig_params,
+        )
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         handle = memexporter.track(model, opt)
         for x, y in batches(same_on_all_ranks=False):

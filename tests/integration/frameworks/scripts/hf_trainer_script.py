@@ -39,11 +39,30 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[misc]
 def main() -> None:
     out = Path(sys.argv[1])
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32,
-                                       tie_word_embeddings=True, bos_token_id=0, eos_token_id=0))
-    args = TrainingArguments(output_dir=str(out / "trainer"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                             max_steps=6, logging_strategy="no", save_strategy="no", report_to=[], use_cpu=True,
-                             disable_tqdm=True, seed=0)
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=2,
+            vocab_size=VOCAB,
+            n_positions=32,
+            tie_word_embeddings=True,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
+    args = TrainingArguments(
+        output_dir=str(out / "trainer"),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=6,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(48))
     trainer.train()
 
@@ -52,9 +71,13 @@ def main() -> None:
         with urllib.request.urlopen(url, timeout=10) as resp:
             metrics = resp.read().decode()
         params = list(model.parameters())  # a tied weight once
-        result = {"metrics": metrics, "global_step": trainer.state.global_step,
-                  "param_bytes": sum(p.numel() * p.element_size() for p in params), "param_count": len(params),
-                  "module_names": [name for name, _ in model.named_modules()]}
+        result = {
+            "metrics": metrics,
+            "global_step": trainer.state.global_step,
+            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "param_count": len(params),
+            "module_names": [name for name, _ in model.named_modules()],
+        }
         (out / "result.json").write_text(json.dumps(result))
 
 
