@@ -45,7 +45,7 @@ COPY memexporter ./memexporter
 # lower bounds in pyproject.toml, as a library's must (pins would fight the training job's own).
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[nvml]" \
- && python -c "from memexporter.torchcheck import require_torch; print('torch', require_torch(), 'is supported')"
+ && python -c "from memexporter.backends.torchcheck import require_torch; print('torch', require_torch(), 'is supported')"
 
 # A numeric non-root user: the exporter needs no privileges, and Kubernetes' runAsNonRoot can
 # only verify a numeric USER.

@@ -30,7 +30,7 @@ kubernetes:
 	.venv/bin/python -m memexporter dashboards --format configmap --output deploy/kubernetes/dashboards.yaml
 # The tables in docs/ from their sources, then the site in strict mode (into build/site).
 docs:
-	.venv/bin/python -m memexporter.docs
+	.venv/bin/python -m memexporter.cli.docs
 	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --site-dir build/site
 # The pictures of the live page and of top in docs/, taken again by their test.
 screenshots:

@@ -41,8 +41,8 @@ from torch import nn
 
 import memexporter
 from memexporter.collectors.modules import ModulesCollector
+from memexporter.collectors.scrape import Identity, Scrape, Sources
 from memexporter.config import Config
-from memexporter.scrape import Identity, Scrape, Sources
 from memexporter.sweep.child import POLL_SECONDS
 from memexporter.tracking.modules import track
 

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 import psutil
 
-from memexporter.trend import TrendWindow, estimate
+from memexporter.oom.trend import TrendWindow, estimate
 
 MIB = float(1 << 20)
 SCRAPE_EVERY = 1000

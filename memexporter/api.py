@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from memexporter import exporter as _exporter
+from memexporter.backends.torchcheck import require_torch
 from memexporter.config import KNOBS
 from memexporter.exporter import Exporter
-from memexporter.torchcheck import require_torch
 from memexporter.tracking import boundaries as _boundaries
 from memexporter.tracking import phases as _phases
 
@@ -19,7 +19,7 @@ __all__ = ["Exporter", "Phase", "on_oom_risk", "phase", "start", "step", "stop",
 F = TypeVar("F", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
-    from memexporter.risk import OomRisk, RiskHandle
+    from memexporter.oom.risk import OomRisk, RiskHandle
     from memexporter.tracking.modules import TrackHandle
 
 
@@ -68,7 +68,7 @@ def start(
     ``debug=True`` adds ``/debug/memory`` and ``/debug/snapshot`` (see docs/debugging.md); ``oom_dump_dir=`` writes a pre-mortem there before an OOM.
 
     Raises ``TypeError``/``ValueError`` naming a bad value, and ``ImportError`` saying what to do
-    when torch is missing or older than ``memexporter.torchcheck.MIN_TORCH``. A port that is taken
+    when torch is missing or older than ``memexporter.backends.torchcheck.MIN_TORCH``. A port that is taken
     is logged and training goes on (``Exporter.port`` is ``None``), unless ``strict=True``, which
     raises ``OSError``.
     """
@@ -172,12 +172,12 @@ def on_oom_risk(fn: Callable[[OomRisk], None]) -> RiskHandle:
     The judgement is the critical alert's (``MemexporterOOMImminent`` with its default
     thresholds): the recent step peak, or an evaluation's peak, above 97% of the limit; or above
     80% with the in-process ETA under 30 minutes. It is made off the training thread once a
-    second; a scrape or a client never triggers it. ``risk`` is a ``memexporter.risk.OomRisk``
+    second; a scrape or a client never triggers it. ``risk`` is a ``memexporter.oom.risk.OomRisk``
     (device, used/peak/limit bytes, ETA seconds, reason, phase, step). Register before or after
     ``start()``; returns a handle to ``remove()``. A callback that raises is logged and counted,
     never raised into training.
     """
-    from memexporter import risk
+    from memexporter.oom import risk
 
     handle = risk.register(fn)
     with _exporter._lock:

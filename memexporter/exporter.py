@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from memexporter import fleet
 from memexporter._version import __version__
-from memexporter.binding import PortAdvice, bind
+from memexporter.collectors import fleet
+from memexporter.collectors.registry import GuardedCatalogue, catalogue
+from memexporter.collectors.scrape import Identity, Sources
 from memexporter.config import Config, origin
-from memexporter.registry import MemexporterCollector, catalogue
-from memexporter.scrape import Identity, Sources
-from memexporter.server import Server
+from memexporter.serving.binding import PortAdvice, bind
 from memexporter.serving.conn import ConnectionStats
+from memexporter.serving.server import Server
 from memexporter.tracking import boundaries, phases, steps
 
 if TYPE_CHECKING:
     from memexporter.diagnose.wiring import Diagnostics
+    from memexporter.oom.risk import RiskWatch
     from memexporter.otel import OtelHandle
-    from memexporter.risk import RiskWatch
 
 log = logging.getLogger("memexporter")
 
@@ -166,8 +166,8 @@ def start(
 
 def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Exporter:
     from memexporter.backends import select
+    from memexporter.backends.cuda import TorchBackend
     from memexporter.backends.host import HostBackend
-    from memexporter.backends.torch import TorchBackend
     from memexporter.diagnose.wiring import attach as attach_diagnostics
     from memexporter.tracking.history import History
 
@@ -184,7 +184,7 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     phase_tracker = phases.PhaseTracker(tracker)
     sources = Sources(ident, config, allocator, driver, host, tracker, __version__, http_stats, phase_tracker)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MemexporterCollector(catalogue(), sources))
+    registry.register(GuardedCatalogue(catalogue(), sources))
     diagnostics = attach_diagnostics(config, sources, cuda)
     routes = diagnostics.routes if diagnostics is not None else None
     try:
@@ -253,7 +253,7 @@ def _auto_track(exporter: Exporter) -> None:
 
 def watch_oom_risk(exporter: Exporter) -> None:
     """Start judging the OOM risk (tracking/risk.py) once an ``on_oom_risk`` callback exists."""
-    from memexporter import risk
+    from memexporter.oom import risk
 
     if exporter.risk is None and risk.registered():
         exporter.risk = risk.RiskWatch(exporter.sources, callbacks=risk.registered)

@@ -71,7 +71,7 @@ class MetricSpec:
     (``bytes``, ``seconds``, ``ratio``...) or ``""``; ``help`` says where the value comes from.
     ``cuda_only`` marks series that exist only when a CUDA device is in use, ``sharded_only`` those
     that exist only for a tracked model with sharded (DTensor) parameters, ``detail`` those that
-    only the detail ranks export once a run has 64 ranks or more (``fleet.py``: module rows, and
+    only the detail ranks export once a run has 64 ranks or more (``collectors/fleet.py``: module rows, and
     figures that are diagnostic or derivable from the core set). ``otel_name`` and
     ``otel_unit`` (UCUM) name the OpenTelemetry instrument (an observable counter for a counter, an
     observable gauge otherwise) so that otlptranslator's names give back ``name``; ``semconv`` adds
@@ -89,7 +89,7 @@ class MetricSpec:
     otel_unit: str = ""
     semconv: SemConv | None = None
     sharded_only: bool = False  # exported only for a tracked model with DTensor parameters
-    detail: bool = False  # at world >= 64, only the detail ranks export it (memexporter/fleet.py)
+    detail: bool = False  # at world >= 64, only the detail ranks export it (memexporter/collectors/fleet.py)
 
     def family(self) -> GaugeMetricFamily | CounterMetricFamily:
         """A fresh, empty Prometheus family for this spec (built anew on every scrape)."""

@@ -1,6 +1,6 @@
 """AMD GPU device view: the only module that imports ``amdsmi`` (PyPI ``amdsmi``, ROCm's SMI library).
 
-The allocator side of an AMD GPU is ``torch.cuda`` (ROCm's HIP build, ``backends/torch.py``); this
+The allocator side of an AMD GPU is ``torch.cuda`` (ROCm's HIP build, ``backends/cuda.py``); this
 is the driver's view NVML gives on NVIDIA: the card's VRAM total and use, its identity, and this
 process's VRAM as the driver counts it. Lazy and optional like NVML: ``amdsmi`` is imported and
 initialised on the first scrape that needs it, and its absence (the package, or ``libamd_smi.so``,

@@ -69,7 +69,7 @@ def backends(kind: str | None = None) -> tuple[AllocatorSource, DriverSource]:
         from memexporter.backends.mps import MpsBackend
 
         return MpsBackend(), NoDriver()
-    from memexporter.backends.torch import TorchBackend
+    from memexporter.backends.cuda import TorchBackend
 
     if is_rocm():
         from memexporter.backends.amdsmi import AmdSmiBackend

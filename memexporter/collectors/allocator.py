@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from prometheus_client.core import Metric
 
 from memexporter.backends.base import ALLOCATOR_ASYNC
+from memexporter.collectors.scrape import Scrape
 from memexporter.metrics import families
-from memexporter.scrape import Scrape
 
 # Contract metric name -> memory_stats() key.
 KEYS: dict[str, str] = {

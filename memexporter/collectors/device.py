@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from prometheus_client.core import Metric
 
 from memexporter.collectors.allocator import KEYS
+from memexporter.collectors.scrape import Scrape
 from memexporter.metrics import families
-from memexporter.scrape import Scrape
 
 RESERVED = KEYS["memexporter_allocator_reserved_bytes"]  # the memory_stats() key
 

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
+from memexporter.collectors.scrape import PartialFailure, Scrape
 from memexporter.metrics import families
-from memexporter.scrape import PartialFailure, Scrape
 
 
 class MemoryCollector:

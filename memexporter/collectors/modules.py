@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client.core import Metric
 
+from memexporter.collectors.scrape import Scrape
 from memexporter.metrics import families
-from memexporter.scrape import Scrape
 from memexporter.tracking.snapshots import FAMILIES, SnapshotSource, active_handles, fold
 
 DELTA = "memexporter_module_forward_delta_bytes"

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
+from memexporter.collectors.scrape import Scrape
 from memexporter.metrics import families
-from memexporter.scrape import Scrape
 
 
 class PhasesCollector:

@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
+from memexporter.collectors.scrape import Scrape
 from memexporter.metrics import families
-from memexporter.scrape import Scrape
-from memexporter.trend import estimate
+from memexporter.oom.trend import estimate
 
 
 class TrendCollector:

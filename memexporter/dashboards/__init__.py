@@ -6,11 +6,12 @@
 - ``annotations``: the Overview's annotation queries (firing alerts, a probable fatal OOM, out-of-step phases);
 - ``grafana``: their rendering into Grafana's classic JSON model (layout, rows, variables, annotations);
 - ``queries``: ``panel_queries()``, every query with the variables filled in as Grafana would (benchmarks);
-- ``cli``: writes ``grafana/dashboards/*.json``; ``--check`` exits 1 when the committed files drift;
-- ``export``: ``memexporter dashboards``, the same JSON from an installed package, or as ConfigMaps.
+
+The commands are in ``memexporter.cli``: ``dashboards`` writes ``grafana/dashboards/*.json`` (``--check``
+exits 1 when the committed files drift), ``export`` is ``memexporter dashboards`` (the same JSON
+from an installed package, or as ConfigMaps).
 """
 
-from memexporter.dashboards.cli import OUT_DIR, main
 from memexporter.dashboards.grafana import (
     GPU_ONLY,
     RUN_WIDE,
@@ -30,7 +31,6 @@ from memexporter.dashboards.scope import by_kind, m
 
 __all__ = [
     "GPU_ONLY",
-    "OUT_DIR",
     "RUN_WIDE",
     "SCHEMA_VERSION",
     "SHARDED_ONLY",
@@ -44,7 +44,6 @@ __all__ = [
     "gpu_only",
     "interpolate",
     "m",
-    "main",
     "metrics_of",
     "panel_queries",
     "render",

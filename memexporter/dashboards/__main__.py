@@ -1,3 +1,3 @@
-from memexporter.dashboards.cli import main
+from memexporter.cli.dashboards import main
 
 raise SystemExit(main())

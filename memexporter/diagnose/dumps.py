@@ -7,7 +7,7 @@
   read-only or foreign directory) is one line naming the write and the reason, and is retried at
   later watch ticks with backoff (``RETRY_ATTEMPTS`` in all), so the pre-mortem lands once space
   returns.
-- **CUDA OOM.** The allocator's OOM observer (``backends/torch.py``) takes
+- **CUDA OOM.** The allocator's OOM observer (``backends/cuda.py``) takes
   ``torch.cuda.memory._snapshot()`` (a memory_viz pickle) and the latest findings at each OOM,
   at most ``MAX_OOM_DUMPS`` times per process, before the exception unwinds and frees memory,
   and waits up to ``OOM_WAIT_S`` for them to be on disk (the script's ``except`` may ship them).
@@ -147,7 +147,7 @@ class Premortem:
 
 
 class AllocatorSource(Protocol):
-    """What this module needs from ``backends.torch.TorchBackend``."""
+    """What this module needs from ``backends.cuda.TorchBackend``."""
 
     def is_initialized(self) -> bool: ...
     def memory_snapshot(self) -> dict[str, Any] | None: ...

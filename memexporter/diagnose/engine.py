@@ -21,12 +21,12 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
+from memexporter.collectors.scrape import Sources
 from memexporter.diagnose import autograd, census, growth, holders
 from memexporter.diagnose.findings import Findings, Named, NamedGraph
 from memexporter.diagnose.report import estimates
 from memexporter.diagnose.words import graph_line, leak_line, unexplained_line
 from memexporter.diagnose.writer import DumpWriter
-from memexporter.scrape import Sources
 
 log = logging.getLogger("memexporter")
 

@@ -12,9 +12,9 @@ import os
 import time
 from typing import Any, Protocol
 
+from memexporter.collectors.scrape import Scrape, Sources
 from memexporter.diagnose.findings import Findings, to_json
-from memexporter.scrape import Scrape, Sources
-from memexporter.trend import TrendEstimate, estimate
+from memexporter.oom.trend import TrendEstimate, estimate
 
 DEFAULT_TOP = 50
 

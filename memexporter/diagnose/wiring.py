@@ -14,13 +14,13 @@ import logging
 import os
 from dataclasses import dataclass
 
+from memexporter.collectors.scrape import Sources
 from memexporter.config import Config
 from memexporter.diagnose.dumps import AllocatorSource, CudaHooks, Premortem
+from memexporter.diagnose.endpoints import public_networks, routes
 from memexporter.diagnose.engine import Diagnosis
-from memexporter.diagnose.http import public_networks, routes
 from memexporter.diagnose.token import DebugToken
-from memexporter.scrape import Sources
-from memexporter.server import Route
+from memexporter.serving.server import Route
 
 __all__ = ["Diagnosis", "Diagnostics", "attach"]
 

@@ -24,7 +24,7 @@ from memexporter.tracking.errors import count_failure, hook_errors
 
 if TYPE_CHECKING:
     from memexporter.api import Phase
-    from memexporter.risk import OomRisk, RiskHandle
+    from memexporter.oom.risk import OomRisk, RiskHandle
     from memexporter.tracking.modules import TrackHandle
 
 __all__ = ["INSTALL_HINT", "Session", "import_framework"]

@@ -22,10 +22,10 @@ import weakref
 from typing import Any
 
 from memexporter._version import __version__
+from memexporter.collectors.scrape import Identity
 from memexporter.otel import sdk
 from memexporter.otel.bridge import OtelBridge, Source
 from memexporter.otel.names import SCHEMA_URL
-from memexporter.scrape import Identity
 
 __all__ = ["OtelHandle", "attach"]
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memexporter.scrape import Identity
+from memexporter.collectors.scrape import Identity
 
 # protocol -> (the module holding its OTLPMetricExporter, the pip package, memexporter's extra)
 PROTOCOLS = {

@@ -9,10 +9,10 @@
   ``conditions``: each alert's condition per rank, recorded once before its alerts);
 - ``rendering``: the YAML that Prometheus loads (``alerts/memexporter.rules.yml`` is ``render()``), in
   four groups: per-rank records, per-run records, the OOM forecasts, the other alerts;
-- ``cli``: ``memexporter rules`` (also ``python -m memexporter.rules``).
+
+``memexporter rules`` (also ``python -m memexporter.rules``) is ``memexporter.cli.rules``.
 """
 
-from memexporter.rules.cli import main
 from memexporter.rules.params import PEER_LABELS, PRESETS, SEVERITIES, RulesConfig, duration, parse_peer_labels
 from memexporter.rules.rendering import render, render_config
 
@@ -22,7 +22,6 @@ __all__ = [
     "SEVERITIES",
     "RulesConfig",
     "duration",
-    "main",
     "parse_peer_labels",
     "render",
     "render_config",

@@ -1,5 +1,5 @@
 import sys
 
-from memexporter.rules.cli import main
+from memexporter.cli.rules import main
 
 sys.exit(main())

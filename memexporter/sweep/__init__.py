@@ -6,9 +6,5 @@ per-family split, the step time and whether it ran out of memory, then the large
 that fits, measured and predicted. Modules, in data-flow order: ``grid`` (axes, placeholders, run
 order), ``child`` (one process, watched over HTTP), ``reading`` (the exposition's figures),
 ``runner`` (the loop and the OOM verdict), ``fit`` (``max_fit``), ``report`` and ``plot``
-(outputs), ``command`` (the CLI).
+(outputs). The command is ``memexporter.cli.sweep``.
 """
-
-from memexporter.sweep.command import main
-
-__all__ = ["main"]

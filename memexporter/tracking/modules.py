@@ -169,7 +169,7 @@ class TrackHandle(ForwardHooks, StepHooks):
 
     def _backend_allocated(self) -> Callable[[], int]:
         # backends/torch is the only module that touches torch.cuda (DESIGN.md §1).
-        from memexporter.backends.torch import TorchBackend
+        from memexporter.backends.cuda import TorchBackend
 
         backend = TorchBackend()
 

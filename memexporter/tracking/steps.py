@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from memexporter.backends.base import AllocatorSource, HostSource
-from memexporter.trend import TrendPoints, TrendWindow
+from memexporter.oom.trend import TrendPoints, TrendWindow
 
 log = logging.getLogger("memexporter")
 

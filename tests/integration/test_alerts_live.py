@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from memexporter import dashboards
-from memexporter.demo import SIMULATED_OOM_EXIT
+from memexporter.cli.demo import SIMULATED_OOM_EXIT
 from tests.support.alertmanager import Received, WebhookReceiver, routed_example, running_alertmanager
 from tests.support.demo import running_demo
 from tests.support.ports import free_port

@@ -28,7 +28,7 @@ import yaml
 
 import memexporter
 from memexporter import cli, dashboards, rules
-from memexporter.demo import add_arguments
+from memexporter.cli.demo import add_arguments
 from tests.support import REPO_ROOT
 from tests.support.alertmanager import running_alertmanager
 from tests.support.binaries import require

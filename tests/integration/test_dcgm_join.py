@@ -44,8 +44,8 @@ def series(name: str, labels: dict[str, str]) -> str:
 
 def memexporter_side(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Per rank: its device_info labels and reserved bytes, from a real scrape of its fixture."""
+    from memexporter.backends.cuda import TorchBackend
     from memexporter.backends.nvml import NvmlBackend
-    from memexporter.backends.torch import TorchBackend
     from tests.support.cuda_standins import TorchStandIn
     from tests.support.nvml_standin import NvmlStandIn
     from tests.unit.fakes import FakeHost, registry_for, sources

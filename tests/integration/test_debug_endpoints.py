@@ -26,7 +26,7 @@ from torch import nn
 
 import memexporter
 from memexporter.exporter import running
-from memexporter.server import router
+from memexporter.serving.server import router
 from memexporter.tracking import boundaries
 from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 from tests.support.ports import free_port
@@ -220,7 +220,7 @@ def test_memory_answers_from_the_last_census_while_the_next_one_hangs(monkeypatc
 def test_a_failing_document_is_a_500_that_says_why_not_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from memexporter.diagnose import http
+    from memexporter.diagnose import endpoints as http
 
     def broken(diagnosis: Any, top: int) -> Any:
         raise ValueError("Out of range float values are not JSON compliant")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import memexporter
-from memexporter import healthcheck
+from memexporter.cli import healthcheck
 from tests.support.ports import free_port
 
 

@@ -26,8 +26,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import memexporter
-from memexporter import server
-from memexporter.serving import budget, listener
+from memexporter.serving import budget, listener, server
 from tests.support.hostile import burst, open_fds, reset_connection, trickle
 from tests.support.stderr import besides_serving
 

@@ -26,10 +26,10 @@ import torch
 from prometheus_client import CollectorRegistry
 
 import memexporter
-from memexporter.diagnose.inspect import memory_url, render, run
+from memexporter.cli.inspect import memory_url, render, run
 from memexporter.diagnose.report import document
 from memexporter.exporter import running
-from memexporter.server import Route, serve
+from memexporter.serving.server import Route, serve
 from tests.support.demo import module_env
 from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 from tests.support.ports import free_port

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 import memexporter
-from memexporter import risk
 from memexporter.backends.host import HostBackend
-from memexporter.risk import OomRisk
+from memexporter.oom import risk
+from memexporter.oom.risk import OomRisk
 from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_exporter_around")]

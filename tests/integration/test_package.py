@@ -15,7 +15,7 @@ import pytest
 
 import memexporter
 from memexporter import rules
-from memexporter.dashboards import export
+from memexporter.cli import export
 from tests.support import REPO_ROOT
 
 # One worker builds for the module: two builds at once in the checkout raced on setuptools' staging

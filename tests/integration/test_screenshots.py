@@ -33,7 +33,7 @@ UPDATE = os.environ.get("MEMEXPORTER_UPDATE_SCREENSHOTS") == "1"
 MODEL = ("--layers", "2", "--d-model", "128", "--seq-len", "64", "--batch-size", "8", "--step-interval", "0.1")
 # The window and warm-up made short, so the leak is named within seconds, not minutes.
 QUICK = {"MEMEXPORTER_LEAK_WINDOW": "24", "MEMEXPORTER_WARMUP_STEPS": "5"}
-HISTORY_S = 30  # seconds of chart before the picture (a point every 2 s)
+HISTORY_S = 12  # seconds of chart before the picture (a point every 2 s)
 
 
 def live(port: int) -> dict[str, Any]:

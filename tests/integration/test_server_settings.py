@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import memexporter
-from memexporter import server
+from memexporter.serving import server
 from tests.support.tls import self_signed
 
 ROOT = Path(__file__).resolve().parents[2]

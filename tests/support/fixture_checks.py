@@ -118,9 +118,9 @@ def expected_series(answers: dict[str, Any], index: str) -> dict[str, float | No
 
 def check_mapping(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any]) -> None:
     """Scrape over ``answers`` with the real backends; every expected series, every collector up."""
+    from memexporter.backends.cuda import TorchBackend
     from memexporter.backends.nvml import NvmlBackend
-    from memexporter.backends.torch import TorchBackend
-    from memexporter.registry import catalogue
+    from memexporter.collectors.registry import catalogue
     from tests.support.cuda_standins import TorchStandIn, no_nvml
     from tests.support.nvml_standin import NvmlStandIn
     from tests.unit.fakes import FakeHost, registry_for, sources

@@ -3,7 +3,7 @@
 ``python -m tests.support.healthy_demo --runs N --steps S [demo options]`` imports torch once, then
 forks one child per run (two at a time, one per core): each child is a fresh training process as far
 as the C heap and torch's caches go (the parent never trained), and runs ``memexporter demo``'s own
-loop (``memexporter.demo.run``) with the exporter on a free loopback port. The demo computes the
+loop (``memexporter.cli.demo.run``) with the exporter on a free loopback port. The demo computes the
 trend estimate after every step for its progress line; the child wraps that call and also asks the
 estimator what it reads against a limit only 1 GiB above the step peak (the headroom at which issue
 9's misread would have meant an OOM in six minutes). Prints one JSON line per run:
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from memexporter import demo
-from memexporter.trend import TrendEstimate, TrendPoints, estimate
+from memexporter.cli import demo
+from memexporter.oom.trend import TrendEstimate, TrendPoints, estimate
 
 GIB = float(1 << 30)
 DAY = 86400.0

@@ -152,7 +152,7 @@ def main() -> None:
     import torch
 
     import memexporter
-    from memexporter.demo import TinyGPT
+    from memexporter.cli.demo import TinyGPT
     from memexporter.metrics import BY_NAME
     from tests.support.cuda_standins import TorchStandIn, load
     from tests.support.nvml_standin import NvmlStandIn

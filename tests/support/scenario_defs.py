@@ -171,7 +171,7 @@ Young jobs (issue 9): a run that leaks from right after its warm-up and reaches 
 minutes after its start must be warned at least 20 minutes ahead, paged at least 5 minutes ahead,
 and get MemoryLeak within 30 minutes of the leak's start; a healthy young job must get nothing.
 Units: a 100 GB device (1e9 bytes is 1% of the limit); scrapes every 15 s, rules every 1 m; one
-training step per scrape. The exporter's series are what memexporter.trend computes at each
+training step per scrape. The exporter's series are what memexporter.oom.trend computes at each
 scrape from the traces in tests/support/scenario_defs.py.
 """,
         "../memexporter.rules.yml",
@@ -385,7 +385,7 @@ beside this folder). tests/integration/test_alerts_live.py runs the same job for
 scenario pins the timing without waiting. Scrapes and rule evaluations every second, as there.
 Generated traces (tests/support/scenario_defs.py).
 """,
-        "../memexporter.demo.rules.yml",
+        "../memexporter.cli.demo.rules.yml",
         "1s",
         [
             _test(

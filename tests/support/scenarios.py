@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from memexporter.trend import TrendWindow, estimate
+from memexporter.oom.trend import TrendWindow, estimate
 from tests.support import REPO_ROOT
 from tests.support.run_scenarios import GENERATED as RUNS
 from tests.support.scenario_defs import GENERATED

@@ -2,7 +2,7 @@
 
 A ``Process`` is one lifetime of one rank: its steps (seconds since the trace start, baseline bytes,
 peak bytes) and its limit. ``scrape()`` plays the exporter: at every scrape it feeds the steps
-finished so far to ``memexporter.trend.TrendWindow`` and reads ``estimate()``, exactly as the trend
+finished so far to ``memexporter.oom.trend.TrendWindow`` and reads ``estimate()``, exactly as the trend
 collector does, so the leak rate and the ETA in a scenario are what the exporter would report for
 that trace, warm-up gate, noise gate and sustained-growth gate included. After a process ends, its
 series go stale; ``up`` reads 0 while the target is still listed (a static config), or goes stale
@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from memexporter.trend import TrendWindow, estimate
+from memexporter.oom.trend import TrendWindow, estimate
 
 Step = tuple[float, float, float]  # seconds since the trace start, baseline bytes, peak bytes
 Value = float | None  # None: no sample (a blank), math.nan: the stale marker

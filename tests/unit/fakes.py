@@ -10,9 +10,9 @@ from dataclasses import dataclass, field, replace
 from prometheus_client import CollectorRegistry
 
 from memexporter.backends.base import CUDA, DeviceMemory, HostSample, ProcessMemory, device_label
+from memexporter.collectors.registry import GuardedCatalogue, catalogue
+from memexporter.collectors.scrape import Identity, Sources
 from memexporter.config import Config
-from memexporter.registry import MemexporterCollector, catalogue
-from memexporter.scrape import Identity, Sources
 from tests.support.memory_stats import host_memory_stats
 
 GiB = 1 << 30
@@ -158,5 +158,5 @@ def with_host(**kw: int) -> FakeHost:
 def registry_for(src: Sources) -> CollectorRegistry:
     """A fresh registry with the full catalogue over the given (fake) sources."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(MemexporterCollector(catalogue(), src))
+    reg.register(GuardedCatalogue(catalogue(), src))
     return reg

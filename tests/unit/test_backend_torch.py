@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from memexporter.backends.torch import TorchBackend
+from memexporter.backends.cuda import TorchBackend
 from tests.support.cuda_standins import TorchStandIn, load
 from tests.support.memory_stats import flatten, unflatten
 from tests.support.synthetic_fixtures import SYNTHETIC_DIR

@@ -9,8 +9,8 @@ from prometheus_client.core import Metric
 
 from memexporter.collectors.allocator import KEYS, AllocatorCollector, fragmentation
 from memexporter.collectors.device import DeviceCollector
-from memexporter.registry import MemexporterCollector, catalogue
-from memexporter.scrape import Scrape
+from memexporter.collectors.registry import GuardedCatalogue, catalogue
+from memexporter.collectors.scrape import Scrape
 from tests.unit.fakes import (
     SYNTHETIC_STATS,
     FakeCuda,
@@ -183,7 +183,7 @@ def test_raising_collector_costs_only_its_own_series(caplog: pytest.LogCaptureFi
     from memexporter.collectors.host import HostCollector
 
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(MemexporterCollector([Exploding(), HostCollector()], sources()))
+    reg.register(GuardedCatalogue([Exploding(), HostCollector()], sources()))
     for _ in range(3):
         assert value(reg, "memexporter_collector_success", rank="3", collector="exploding") == 0
         assert value(reg, "memexporter_collector_success", rank="3", collector="host") == 1
@@ -196,7 +196,7 @@ def test_collector_duration_is_recorded() -> None:
     # A clock that advances 0.25 s per reading: each collector is timed by one pair of readings.
     ticks = iter(0.25 * i for i in range(10**6))
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(MemexporterCollector(catalogue(), sources(), clock=lambda: next(ticks)))
+    reg.register(GuardedCatalogue(catalogue(), sources(), clock=lambda: next(ticks)))
     for name in (c.name for c in catalogue()):
         assert value(reg, "memexporter_collector_duration_seconds", rank="3", collector=name) == 0.25, name
 

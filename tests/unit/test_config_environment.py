@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import memexporter
-from memexporter import cli, environment
-from memexporter.config import KNOBS, Config, Knob, known_variables, resolve_knob
+from memexporter import cli
+from memexporter.config import KNOBS, Config, Knob, environment, known_variables, resolve_knob
 from tests.support import REPO_ROOT
 from tests.support.ports import free_port
 from tests.unit.test_config import BAD_BY_PARSER

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import memexporter
-from memexporter import cli, environment, exporter
-from memexporter.config import BY_NAME, KNOBS, Knob
+from memexporter import cli, exporter
+from memexporter.collectors.scrape import Scrape
+from memexporter.config import BY_NAME, KNOBS, Knob, environment
 from memexporter.exporter import Exporter
-from memexporter.scrape import Scrape
 from tests.support.ports import free_port
 from tests.support.tls import self_signed
 

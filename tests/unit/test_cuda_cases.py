@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from memexporter.backends.cuda import TorchBackend
 from memexporter.backends.nvml import NvmlBackend
-from memexporter.backends.torch import TorchBackend
 from memexporter.collectors.allocator import KEYS, NATIVE_ONLY
-from memexporter.registry import catalogue
+from memexporter.collectors.registry import catalogue
 from memexporter.tracking.steps import StepTracker
 from tests.support.cuda_standins import TorchStandIn, load, no_nvml
 from tests.support.nvml_standin import NvmlStandIn

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from memexporter import dashboards
+from memexporter.cli import dashboards as generate_dashboards
 from memexporter.dashboards.scope import DETAIL, at_end
 from memexporter.metrics import BY_NAME
 from memexporter.tracking.phases import OUT_OF_STEP_PHASES
@@ -465,11 +466,11 @@ def test_no_extra_dashboard_files() -> None:
 
 
 def test_check_flag_detects_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert dashboards.main(["--out", str(tmp_path)]) == 0
-    assert dashboards.main(["--check", "--out", str(tmp_path)]) == 0
+    assert generate_dashboards.main(["--out", str(tmp_path)]) == 0
+    assert generate_dashboards.main(["--check", "--out", str(tmp_path)]) == 0
     victim = tmp_path / "memexporter-ranks.json"
     victim.write_text(victim.read_text(encoding="utf-8").replace("Ranks", "Rankz"), encoding="utf-8")
-    assert dashboards.main(["--check", "--out", str(tmp_path)]) == 1
+    assert generate_dashboards.main(["--check", "--out", str(tmp_path)]) == 1
     assert "memexporter-ranks.json" in capsys.readouterr().err
 
 

@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry
 
 from memexporter.backends import select
 from memexporter.backends.amdsmi import AmdSmiBackend, unique_id
+from memexporter.backends.cuda import TorchBackend
 from memexporter.backends.mps import MpsBackend
-from memexporter.backends.torch import TorchBackend
 from memexporter.backends.xpu import XpuBackend
-from memexporter.registry import catalogue
+from memexporter.collectors.registry import catalogue
 from memexporter.tracking.steps import StepTracker
 from tests.support.amdsmi_standin import AMDSMI_STATUS_NO_PERM, AmdSmiStandIn, no_amdsmi
 from tests.support.cuda_standins import TorchStandIn, load

@@ -1,4 +1,4 @@
-"""``python -m memexporter.docs``: it re-renders the generated tables of the docs pages in place,
+"""``python -m memexporter.cli.docs``: it re-renders the generated tables of the docs pages in place,
 and ``--check`` tells a stale page from a fresh one (what a contributor runs after a change)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memexporter import docs
+from memexporter.cli import docs
 from tests.support import REPO_ROOT
 
 

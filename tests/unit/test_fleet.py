@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from memexporter.collectors.fleet import FLEET_WORLD_SIZE, RunIdentity, detail_for, identity, run_identity
 from memexporter.config import Config
-from memexporter.fleet import FLEET_WORLD_SIZE, RunIdentity, detail_for, identity, run_identity
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from memexporter.registry import MemexporterCollector, catalogue
+from memexporter.collectors.registry import GuardedCatalogue, catalogue
 from memexporter.serving.conn import ConnectionStats
 from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
@@ -53,7 +53,7 @@ def _registry() -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     # A frozen clock makes collector_duration_seconds 0, so the file is stable.
     src = dataclasses.replace(sources(cuda, nvml, host, steps=tracker), http=http, phases=phase_tracker)
-    reg.register(MemexporterCollector(catalogue(), src, clock=lambda: 0.0))
+    reg.register(GuardedCatalogue(catalogue(), src, clock=lambda: 0.0))
     return reg
 
 

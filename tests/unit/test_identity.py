@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch.multiprocessing as torch_mp
 
-from memexporter.fleet import identity
+from memexporter.collectors.fleet import identity
 
 
 def test_torchrun_variables_win_over_slurm_and_the_group() -> None:

@@ -2,9 +2,10 @@
 
 A cycle that works only because of statement order (``__init__`` -> ``api`` -> ``exporter`` ->
 ``memexporter.__version__``) breaks on the next reordering, and a type-only one is a layering
-mistake the type checker hides. ``from pkg import sub`` is an import of the submodule ``pkg.sub``
-(Python runs ``pkg/__init__`` first, but ``__init__`` is the package's face, not a layer);
-``from pkg import name`` of anything else is an import of ``pkg`` itself.
+mistake the type checker hides. ``from pkg import sub`` is an import of the submodule ``pkg.sub``,
+and of ``pkg/__init__``, which Python runs first (but for the root package's: it is the public
+face, importing the API, not a layer); ``from pkg import name`` of anything else is an import of
+``pkg`` itself.
 """
 
 from __future__ import annotations
@@ -41,8 +42,19 @@ def graph(names: Mapping[str, Path]) -> dict[str, set[str]]:
                     up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(up + ([node.module] if node.module else []))
                 found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names}
-        edges[name] = {m for m in found if m in names and m != name}
+        found = {m for m in found if m in names}
+        # Importing pkg.sub from outside pkg runs pkg/__init__ first: a sub-package's __init__ is a
+        # real dependency (the root's is not counted: it is the public face, importing the API).
+        found |= {
+            p for m in found for p in _parents(m) if p in names and "." in p and not f"{name}.".startswith(f"{p}.")
+        }
+        edges[name] = found - {name}
     return edges
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
@@ -94,8 +106,9 @@ def test_a_type_only_cycle_is_found(tmp_path: Path) -> None:
     (pkg / "__init__.py").write_text("from pkg.a import A\n__version__ = '1'\n")
     (pkg / "a.py").write_text("from pkg import b\nclass A: ...\n")
     (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n")
-    (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "sub" / "c.py").write_text("from pkg import __version__\n")  # the package itself, not a submodule
+    (pkg / "sub" / "__init__.py").write_text("from pkg.d import D\n")  # a sub-package's face importing back
+    (pkg / "d.py").write_text("from pkg.sub.c import C\nclass D: ...\n")
     edges = graph(module_names(pkg))
-    assert edges["pkg.sub.c"] == {"pkg"} and edges["pkg.b"] == {"pkg.a"}
-    assert cycles(edges) == [["pkg.a", "pkg.b"]]
+    assert edges["pkg.sub.c"] == {"pkg"} and edges["pkg.b"] == {"pkg.a"} and edges["pkg.d"] == {"pkg.sub", "pkg.sub.c"}
+    assert cycles(edges) == [["pkg.a", "pkg.b"], ["pkg.d", "pkg.sub"]]

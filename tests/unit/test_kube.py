@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from memexporter import cli, dashboards, kube, rules
-from memexporter.dashboards import export
+from memexporter import cli, dashboards, rules
+from memexporter.cli import dashboards as generate_dashboards
+from memexporter.cli import export, kube
 
 # The PrometheusRule CRD's schema (prometheus-operator v0.82, monitoring.coreos.com_prometheusrules.yaml),
 # the parts a rules file can get wrong: the closed set of fields (the API server prunes unknown
@@ -183,7 +184,7 @@ def test_dashboards_json_files_from_the_installed_package(tmp_path: Path) -> Non
     assert cli.main(["dashboards", "--output", str(out)]) == 0
     written = {p.name: p.read_text(encoding="utf-8") for p in out.iterdir()}
     assert written == export.rendered()
-    committed = dashboards.OUT_DIR
+    committed = generate_dashboards.OUT_DIR
     assert written == {name: (committed / name).read_text(encoding="utf-8") for name in written}
 
 

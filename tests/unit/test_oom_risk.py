@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import memexporter
-from memexporter import risk
-from memexporter.risk import OomRisk, RiskWatch, Thresholds, judge
-from memexporter.scrape import Sources
+from memexporter.collectors.scrape import Sources
+from memexporter.oom import risk
+from memexporter.oom.risk import OomRisk, RiskWatch, Thresholds, judge
 from memexporter.tracking import errors
 from memexporter.tracking.phases import MAX_PHASES
 from tests.unit.fakes import GiB, MiB, sources

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import memexporter
-from memexporter import cli, environment
-from memexporter.binding import PortAdvice
+from memexporter import cli
+from memexporter.config import environment
+from memexporter.serving.binding import PortAdvice
 from tests.support.ports import free_port
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from memexporter.server import Route, router
 from memexporter.serving.budget import Budget
 from memexporter.serving.router import EXTRA_BURST
+from memexporter.serving.server import Route, router
 
 
 def _call(app: Any, path: str, method: str = "GET", **environ: str) -> tuple[str, bytes]:

@@ -2,7 +2,7 @@
 
 ``alerts/tests/young_job.yml``, ``fatal_oom.yml``, ``runs.yml`` and ``tests/promtool/demo_young.yml``
 are generated whole; the leak-rate and ETA series of ``oom_forecast.yml`` and ``healthy.yml`` are
-re-derived from their own peak and baseline. A change to ``memexporter/trend.py`` that changes what the exporter
+re-derived from their own peak and baseline. A change to ``memexporter/oom/trend.py`` that changes what the exporter
 reports shows up here first (then ``python -m tests.support.scenarios`` and promtool tell by how much).
 """
 

@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from memexporter.demo import TinyGPT
-from memexporter.fleet import FLEET_WORLD_SIZE
-from memexporter.registry import MemexporterCollector, catalogue
-from memexporter.scrape import Sources
+from memexporter.cli.demo import TinyGPT
+from memexporter.collectors.fleet import FLEET_WORLD_SIZE
+from memexporter.collectors.registry import GuardedCatalogue, catalogue
+from memexporter.collectors.scrape import Sources
 from memexporter.tracking import boundaries, phases
 from memexporter.tracking.modules import track
 from memexporter.tracking.phases import PhaseTracker
@@ -70,7 +70,7 @@ def series(src: Sources, detail: str) -> Counter[str]:
     """Series per family in the exposition of a rank whose share of the detail is ``detail``."""
     src = dataclasses.replace(src, identity=dataclasses.replace(IDENTITY, detail=detail))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MemexporterCollector(catalogue(), src))
+    registry.register(GuardedCatalogue(catalogue(), src))
     text = generate_latest(registry).decode()
     return Counter({f.name: len(f.samples) for f in text_string_to_metric_families(text) if f.samples})
 

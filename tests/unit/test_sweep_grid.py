@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memexporter.cli import main as cli_main
-from memexporter.sweep.command import program
+from memexporter.cli.sweep import program
 from memexporter.sweep.grid import Axis, SweepError, check_command, dominates, parse_axis, parse_grid, plan, substitute
 
 

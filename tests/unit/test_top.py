@@ -1,4 +1,4 @@
-"""``memexporter top``'s targets and row order (memexporter/top.py), on answers shaped as /live.json's."""
+"""``memexporter top``'s targets and row order (memexporter/cli/top.py), on answers shaped as /live.json's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from memexporter.top import Board, Rank, rows, run, targets
+from memexporter.cli.top import Board, Rank, rows, run, targets
 from tests.support.ports import closed_port
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from memexporter import torchcheck
+from memexporter.backends import torchcheck
 from tests.support import REPO_ROOT
 
 
@@ -60,7 +60,7 @@ def test_import_and_rules_need_no_torch() -> None:
     and dashboards commands still work, and nothing of memexporter's imported torch."""
     result = _run(
         "import sys; sys.modules['torch'] = None\n"
-        "import memexporter, memexporter.torchcheck, memexporter.healthcheck\n"
+        "import memexporter, memexporter.backends.torchcheck, memexporter.healthcheck\n"
         "from memexporter.cli import main\n"
         "assert main(['rules', '--format', 'prometheusrule', '--output', '/dev/null']) == 0\n"
         "assert main(['dashboards', '--format', 'configmap', '--output', '/dev/null']) == 0\n"

@@ -1,4 +1,4 @@
-"""Unit tests for memexporter.trend on SYNTHETIC per-step traces (generated here, not measured).
+"""Unit tests for memexporter.oom.trend on SYNTHETIC per-step traces (generated here, not measured).
 
 Each trace is a list of (step, t seconds, baseline bytes, peak bytes) fed to a ``TrendWindow``;
 the tests assert the estimate's real values against the trace's known leak.
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pytest
 
-from memexporter.trend import MAX_FIT_POINTS, MIN_POINTS, WARMUP_SECONDS, TrendEstimate, TrendWindow, estimate
+from memexporter.oom.trend import MAX_FIT_POINTS, MIN_POINTS, WARMUP_SECONDS, TrendEstimate, TrendWindow, estimate
 
 MIB = float(1 << 20)
 GIB = 1024 * MIB

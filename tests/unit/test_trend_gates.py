@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from memexporter.trend import MIN_POINTS, MIN_SPAN_SECONDS, WARMUP_SECONDS, TrendWindow, estimate
+from memexporter.oom.trend import MIN_POINTS, MIN_SPAN_SECONDS, WARMUP_SECONDS, TrendWindow, estimate
 
 MIB = float(1 << 20)
 GIB = 1024 * MIB

@@ -500,7 +500,7 @@ def test_memexporter_failures_never_reach_training(
 # --- The OOM-risk checkpoint ----------------------------------------------------------------------
 
 # The risk is judged once a second; its forecast needs the leak rate, which needs 5 s and 32 steps
-# after the warm-up (trend_window.py): at 20 steps a second, about step 130 and 6.5 s. The budget
+# after the warm-up (memexporter/oom/window.py): at 20 steps a second, about step 130 and 6.5 s. The budget
 # gives the leak 192 steps (~10 s) to the simulated OOM. The 97 % "headroom" judgement alone would
 # come too late here: 3 % of the budget is under a second of this leak.
 LEAK = 1 * MiB  # kept for good at every batch (Lightning: one batch is one step here)
@@ -584,8 +584,8 @@ def test_transformers_oom_risk_sets_should_save(tmp_path: Path, clean: None, cap
     Lightning test's) makes the ``Trainer`` save its usual ``checkpoint-3`` right after that step,
     with ``save_strategy="no"``, and the callback logs why and where; no other checkpoint."""
     T = transformers()
-    from memexporter import risk
     from memexporter.integrations.transformers import MemexporterCallback
+    from memexporter.oom import risk
 
     class RiskAtStep3(T.TrainerCallback):  # type: ignore[misc,name-defined]
         """Before the memexporter callback in the list: its on_step_end runs first."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from memexporter.collectors.modules import ModulesCollector
-from memexporter.scrape import Scrape
+from memexporter.collectors.scrape import Scrape
 from memexporter.tracking.modules import hook_errors, track
 from memexporter.tracking.snapshots import FAMILIES
 from tests.unit.fakes import sources

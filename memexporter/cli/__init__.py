@@ -124,8 +124,8 @@ DEMO_HELP = "train a small GPT with the exporter on (the embedded default job)"
 
 
 def _demo(argv: list[str]) -> int:
-    from memexporter.demo import add_arguments
-    from memexporter.demo import run as run_demo
+    from memexporter.cli.demo import add_arguments
+    from memexporter.cli.demo import run as run_demo
 
     parser = argparse.ArgumentParser(prog="memexporter demo", description=DEMO_HELP[0].upper() + DEMO_HELP[1:] + ".")
     add_arguments(parser)
@@ -156,7 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("target", nargs="?", help="script path, or module name with -m")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
-    from memexporter.diagnose.inspect import add_parser as add_inspect
+    from memexporter.cli.inspect import add_parser as add_inspect
 
     add_inspect(sub)
 
@@ -165,8 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     dashboards = sub.add_parser("dashboards", help="write the Grafana dashboards (JSON, or ConfigMaps)", add_help=False)
     dashboards.add_argument("rest", nargs=argparse.REMAINDER)
 
-    from memexporter.sweep.command import add_parser as add_sweep
-    from memexporter.top import add_parser as add_top
+    from memexporter.cli.sweep import add_parser as add_sweep
+    from memexporter.cli.top import add_parser as add_top
 
     add_sweep(sub)
     add_top(sub)
@@ -199,10 +199,10 @@ def _write_command(command: str, argv: list[str]) -> int:
     one line on stderr and exit status 1, not a traceback."""
     try:
         if command == "rules":
-            from memexporter import rules
+            from memexporter.cli.rules import main as rules
 
-            return rules.main(argv)
-        from memexporter.dashboards.export import main as dashboards
+            return rules(argv)
+        from memexporter.cli.export import main as dashboards
 
         return dashboards(argv)
     except OSError as exc:
@@ -212,15 +212,15 @@ def _write_command(command: str, argv: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # `rules` owns its own parser (memexporter.rules.main), so hand it the raw arguments.
+    # `rules` owns its own parser (memexporter.cli.rules), so hand it the raw arguments.
     if argv[:1] in (["rules"], ["dashboards"]):
         return _write_command(argv[0], argv[1:])
     if argv[:1] == ["sweep"]:  # owns its parser too: the measured command follows `--`
-        from memexporter.sweep.command import main as sweep
+        from memexporter.cli.sweep import main as sweep
 
         return sweep(argv[1:])
     if argv[:1] in (["demo"], ["run"]):
-        from memexporter.torchcheck import require_torch
+        from memexporter.backends.torchcheck import require_torch
 
         try:  # before the demo or the script imports torch: a clear message, not a traceback
             require_torch()
@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.log_level)
     try:
         if args.command == "inspect":
-            from memexporter.diagnose.inspect import run as run_inspect
+            from memexporter.cli.inspect import run as run_inspect
 
             try:
                 return run_inspect(args)
@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return _demo(rest)
         if args.command == "top":
-            from memexporter.top import run as run_top
+            from memexporter.cli.top import run as run_top
 
             return run_top(args)
         return _run(args)

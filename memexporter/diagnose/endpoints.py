@@ -23,8 +23,8 @@ from urllib.parse import parse_qs
 from memexporter.diagnose.engine import Diagnosis
 from memexporter.diagnose.report import DEFAULT_TOP, document
 from memexporter.diagnose.token import TOKEN_ENV, DebugToken, runtime_dirs
-from memexporter.server import Route, WSGIApp
 from memexporter.serving.router import ADMIT, too_many
+from memexporter.serving.server import Route, WSGIApp
 
 StartResponse = Callable[..., Any]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

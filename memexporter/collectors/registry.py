@@ -1,6 +1,6 @@
 """The collector catalogue and the guard that runs it on every scrape.
 
-``MemexporterCollector`` is the one object registered with prometheus_client. On each scrape it
+``GuardedCatalogue`` is the one object registered with prometheus_client. On each scrape it
 builds a fresh ``Scrape`` (a per-scrape cache, so each backend is read once, e.g. one
 ``memory_stats()`` call per device), runs every enabled collector inside a guard that times it,
 and exports ``memexporter_collector_success`` and ``memexporter_collector_duration_seconds``.
@@ -19,14 +19,14 @@ from typing import Protocol
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from memexporter import fleet
+from memexporter.collectors import fleet
+from memexporter.collectors.scrape import PartialFailure, Scrape, Sources
 from memexporter.metrics import families
-from memexporter.scrape import PartialFailure, Scrape, Sources
 
 log = logging.getLogger("memexporter")
 
 
-class MemCollector(Protocol):
+class PureCollector(Protocol):
     """A pure collector: reads the scrape context, yields families, keeps no state between scrapes."""
 
     name: str
@@ -34,7 +34,7 @@ class MemCollector(Protocol):
     def collect(self, scrape: Scrape) -> Iterable[Metric]: ...
 
 
-def catalogue() -> list[MemCollector]:
+def catalogue() -> list[PureCollector]:
     """Every collector, in exposition order. Each one is cheap when it has nothing to report
     (no CUDA device: the allocator and device collectors yield nothing), so all are on."""
     from memexporter.collectors.allocator import AllocatorCollector
@@ -58,12 +58,12 @@ def catalogue() -> list[MemCollector]:
     ]
 
 
-class MemexporterCollector(Collector):
+class GuardedCatalogue(Collector):
     """Runs the catalogue under one guard. Registered once per exporter, on a private registry."""
 
     def __init__(
         self,
-        collectors: Sequence[MemCollector],
+        collectors: Sequence[PureCollector],
         sources: Sources,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:

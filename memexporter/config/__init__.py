@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from memexporter import environment
-from memexporter import knobtypes as kt
-from memexporter.environment import AUTOSTART
-from memexporter.knobtypes import FALSE, TRUE
+from memexporter.config import environment
+from memexporter.config import values as kt
+from memexporter.config.environment import AUTOSTART
+from memexporter.config.values import FALSE, TRUE
 
 __all__ = [
     "AUTOSTART",

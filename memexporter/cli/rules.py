@@ -6,7 +6,7 @@ import argparse
 import re
 import sys
 
-from memexporter import kube
+from memexporter.cli import kube
 from memexporter.rules.params import PRESETS, SEVERITIES, RulesConfig
 from memexporter.rules.rendering import render
 

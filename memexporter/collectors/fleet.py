@@ -29,9 +29,9 @@ from typing import Literal
 
 from prometheus_client.core import Metric
 
-from memexporter.knobtypes import RANK_RANGE
+from memexporter.collectors.scrape import Identity
+from memexporter.config.values import RANK_RANGE
 from memexporter.metrics import BY_NAME, specs_for
-from memexporter.scrape import Identity
 from memexporter.tracking.phases import AUTOMATIC_PHASES
 
 FLEET_WORLD_SIZE = 64
@@ -84,7 +84,7 @@ def detail_for(setting: str, rank: int, world_size: int, local_world_size: int) 
 
 def _in_range(rank: int, part: str) -> bool:
     match = RANK_RANGE.fullmatch(part)
-    if match is None:  # knobtypes.ranks has checked the setting; a bad part selects nothing
+    if match is None:  # config.values.ranks has checked the setting; a bad part selects nothing
         return False
     low = int(match.group(1))
     high = int(match.group(2)) if match.group(2) is not None else low
@@ -130,7 +130,7 @@ def identity(
         return next((env[n] for n in names if env.get(n)), default)
 
     if group is None:
-        from memexporter.backends.torch import process_group
+        from memexporter.backends.cuda import process_group
 
         group = process_group
     pg = group()

@@ -4,7 +4,7 @@
     memexporter dashboards --format configmap --namespace monitoring > dashboards.yaml
 
 The JSON is what ``grafana/dashboards/`` holds (``cli.py`` writes those files in a checkout); the
-ConfigMaps carry the Grafana sidecar's label (``memexporter.kube``).
+ConfigMaps carry the Grafana sidecar's label (``memexporter.cli.kube``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from memexporter import kube
+from memexporter.cli import kube
 from memexporter.dashboards.grafana import render
 from memexporter.dashboards.panels import build
 

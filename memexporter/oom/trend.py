@@ -1,6 +1,6 @@
 """Leak rate and time until OOM: pure math on per-step memory points (no torch).
 
-The training thread adds one point per step to a bounded ``TrendWindow`` (trend_window.py): step number, monotonic
+The training thread adds one point per step to a bounded ``TrendWindow`` (oom/window.py): step number, monotonic
 wall time (seconds), baseline (``used`` bytes at the step boundary) and peak (highest ``used``
 bytes within the step). The scrape thread takes an immutable ``snapshot()`` and calls
 ``estimate()``: a Theil-Sen slope of the baseline against steps (bytes/step) and against time
@@ -21,8 +21,8 @@ import numpy as np
 import numpy.typing as npt
 
 # The window lives beside: the tracker builds it, this module reads its snapshots. Re-exported so
-# that ``memexporter.trend`` stays the one name for the trend's types.
-from memexporter.trend_window import (
+# that ``memexporter.oom.trend`` stays the one name for the trend's types.
+from memexporter.oom.window import (
     MAX_FIT_POINTS,
     MIB,
     MIN_POINTS,

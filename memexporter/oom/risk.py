@@ -1,7 +1,7 @@
 """``memexporter.on_oom_risk(fn)``: act before the OOM, on the training thread.
 
 It reads the scrape side (the OOM view) and runs on the training side: it sits between them,
-beside ``scrape.py``, not under ``tracking/`` (which never imports the scrape side).
+beside the OOM view, not under ``tracking/`` (which never imports the scrape side).
 
 The judgement is the critical alert's (``MemexporterOOMImminent``, with its default thresholds from
 ``rules/params.py``): the recent step peak, or the last out-of-step phase's peak (an evaluation),
@@ -23,11 +23,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from memexporter.collectors.scrape import Scrape, Sources
+from memexporter.oom.trend import estimate
 from memexporter.rules.params import RulesConfig
-from memexporter.scrape import Scrape, Sources
 from memexporter.tracking.errors import count_failure
 from memexporter.tracking.phases import OUT_OF_STEP_PHASES
-from memexporter.trend import estimate
 from memexporter.units import MiB
 
 log = logging.getLogger("memexporter")

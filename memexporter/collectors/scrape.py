@@ -30,6 +30,7 @@ from memexporter.backends.base import (
     ProcessMemory,
 )
 from memexporter.config import Config
+from memexporter.oom.view import MemoryView, device_limit, host_view, with_budget
 from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
 
@@ -94,17 +95,6 @@ class Sources:
         return self.identity.rank
 
 
-@dataclass(frozen=True)
-class MemoryView:
-    """The OOM view of one device: bytes in use and the most they can reach before an OOM.
-
-    ``limit`` is ``None`` when it cannot be known (no free figure from NVML or CUDA, no cap).
-    """
-
-    used: float
-    limit: float | None
-
-
 class Scrape:
     """Lazy, memoised reads for one scrape. Never outlives the scrape."""
 
@@ -166,13 +156,10 @@ class Scrape:
         except Exception as exc:
             self.view_failures.append(f"cpu: the host read failed ({type(exc).__name__}: {exc})")
         else:
-            if host.rss is None:
-                self.view_failures.append("cpu: the process RSS could not be read")
-            else:
-                if host.available is None:
-                    self.view_failures.append("cpu: the available memory could not be read (no limit)")
-                limit = None if host.available is None else float(host.rss + host.available)
-                views["cpu"] = MemoryView(used=float(host.rss), limit=limit)
+            cpu, failed = host_view(host)
+            self.view_failures += failed
+            if cpu is not None:
+                views["cpu"] = cpu
         try:
             stats_of = self.allocator_stats
         except Exception as exc:
@@ -184,36 +171,19 @@ class Scrape:
             if used is None:  # the allocator cannot say (a pluggable allocator): no device view
                 continue
             views[self.label(i)] = MemoryView(used=float(used), limit=self._device_limit(i, stats))
-        budget = self.sources.config.memory_limit_bytes
-        if budget is not None:
-            # The soft budget applies to the devices the job trains on: the accelerator when it is
-            # in use (even where its view is unknown, under a pluggable allocator), else cpu. It can
-            # only tighten the limit: a budget above what the device has must not hide the real OOM.
-            targets = [self.label(i) for i in stats_of] or ["cpu"]
-            for d in (d for d in targets if d in views):
-                limit = views[d].limit
-                views[d] = MemoryView(views[d].used, float(budget) if limit is None else min(limit, float(budget)))
-        return views
+        # The budget applies to the devices the job trains on: the accelerator when it is in use
+        # (even where its view is unknown, under a pluggable allocator), else cpu.
+        targets = [self.label(i) for i in stats_of] or ["cpu"]
+        return with_budget(views, targets, self.sources.config.memory_limit_bytes)
 
     def _device_limit(self, index: int, stats: Mapping[str, int]) -> float | None:
-        """Reserved + device free (the driver library's, else the allocator's ``mem_get_info``),
-        capped by the memory fraction.
-
-        The allocator refuses to reserve beyond ``fraction * get_device_properties().total_memory``
-        (the CUDA total, smaller than NVML's), whatever the device has free. ``None`` when neither
-        a free figure nor a cap is known. On MPS the backend's ``mem_get_info`` answers the room
-        left under ``recommended_max_memory`` (backends/mps.py), so the limit is that figure.
-        """
-        cuda = self.sources.allocator
-        nv = self.driver.get(index)
-        free: int | None = nv.free if nv is not None else None
+        """``oom.view.device_limit`` of this device: the driver's free figure, else the allocator's."""
+        allocator = self.sources.allocator
+        driver = self.driver.get(index)
+        free: int | None = driver.free if driver is not None else None
         if free is None:
-            info = cuda.mem_get_info(index)
+            info = allocator.mem_get_info(index)
             free = info[0] if info is not None else None
-        limit = float(stats.get("reserved_bytes.all.current", 0) + free) if free is not None else None
-        fraction = cuda.memory_fraction(index)
-        total = cuda.total_memory(index) if fraction < 1.0 else None
-        if total:
-            cap = float(int(fraction * total))
-            limit = cap if limit is None else min(limit, cap)
-        return limit
+        fraction = allocator.memory_fraction(index)
+        total = allocator.total_memory(index) if fraction < 1.0 else None
+        return device_limit(stats.get("reserved_bytes.all.current", 0), free, fraction, total)

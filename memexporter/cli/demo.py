@@ -19,10 +19,10 @@ from torch import nn
 
 import memexporter
 from memexporter import exporter
-from memexporter.argtypes import integer, number, rank_mib
+from memexporter.cli.argtypes import integer, number, rank_mib
+from memexporter.collectors.scrape import Scrape
 from memexporter.exporter import Exporter
-from memexporter.scrape import Scrape
-from memexporter.trend import estimate
+from memexporter.oom.trend import estimate
 from memexporter.units import MiB
 from memexporter.units import fmt_bytes as _fmt_bytes
 from memexporter.units import fmt_eta as _fmt_eta

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from memexporter.config import DEFAULT_PORT, Config
-from memexporter.server import Route, Server, serve
 from memexporter.serving.conn import ConnectionStats
+from memexporter.serving.server import Route, Server, serve
 from memexporter.tracking.history import History
 
 log = logging.getLogger("memexporter")

@@ -109,9 +109,7 @@ def prometheus_rule(
         "metadata": _metadata(name, namespace, labels or {}),
     }
     spec = "".join(f"  {line}\n" if line else "\n" for line in ("groups:\n" + body).splitlines())
-    note = (
-        "# As a prometheus-operator PrometheusRule: `memexporter rules --format prometheusrule` (memexporter/kube.py)."
-    )
+    note = "# As a prometheus-operator PrometheusRule: `memexporter rules --format prometheusrule` (memexporter/cli/kube.py)."
     return f"{head}\n{note}\n---\n{dump(resource)}spec:\n{spec}"
 
 

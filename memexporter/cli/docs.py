@@ -1,7 +1,7 @@
 """Render the documentation's generated blocks from their sources of truth.
 
 Each block lives in one page of ``docs/`` between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``
-markers. ``python -m memexporter.docs`` rewrites them in place; ``--check`` exits 1 when a page is
+markers. ``python -m memexporter.cli.docs`` rewrites them in place; ``--check`` exits 1 when a page is
 stale (the tests run it too).
 """
 
@@ -21,7 +21,7 @@ BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "config": ("configuration.md", config.reference_table),
     "otel": ("otel.md", otel_names.reference_table),
 }
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def render(text: str, names: list[str]) -> str:
@@ -50,7 +50,7 @@ def pages(docs: Path) -> dict[Path, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memexporter.docs", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m memexporter.cli.docs", description=__doc__)
     parser.add_argument("--docs", type=Path, default=DOCS, help="the docs folder (default: the checkout's)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a page is stale")
     args = parser.parse_args(argv)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(new, encoding="utf-8")
             print(f"rendered {path}")
     for path in stale:
-        print(f"{path} is stale: run python -m memexporter.docs")
+        print(f"{path} is stale: run python -m memexporter.cli.docs")
     return 1 if stale else 0
 
 

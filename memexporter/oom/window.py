@@ -2,7 +2,7 @@
 
 The step tracker adds one point per completed step: step number, monotonic wall time (seconds),
 baseline (``used`` bytes at the step boundary) and peak (highest ``used`` bytes within the step).
-The scrape thread takes an immutable ``snapshot()`` for ``memexporter.trend.estimate``. Warm-up
+The scrape thread takes an immutable ``snapshot()`` for ``memexporter.oom.trend.estimate``. Warm-up
 points and restarts are handled here, so the window only ever holds the current run's steady steps.
 """
 
