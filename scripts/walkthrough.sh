@@ -35,10 +35,10 @@ sed -e "s#http://pager.example.invalid/memexporter#http://127.0.0.1:$HOOK/pager#
     -e "s#http://chat.example.invalid/memexporter#http://127.0.0.1:$HOOK/chat#" \
     alertmanager/alertmanager.example.yml > "$work/alertmanager.yml"
 # The demo preset (windows of seconds) is rendered here, never beside the default rules in alerts/.
-"$VPY" -m memexporter rules --preset demo --output "$work/memexporter.cli.demo.rules.yml"
+"$VPY" -m memexporter rules --preset demo --output "$work/memexporter.demo.rules.yml"
 cat > "$work/prometheus.yml" <<YML
 global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}
-rule_files: ["$work/memexporter.cli.demo.rules.yml"]
+rule_files: ["$work/memexporter.demo.rules.yml"]
 alerting: {alertmanagers: [{static_configs: [{targets: ["127.0.0.1:$AM"]}]}]}
 scrape_configs: [{job_name: memexporter, static_configs: [{targets: ["127.0.0.1:$DEMO"]}]}]
 YML

@@ -57,7 +57,7 @@ def example_rule_files() -> dict[str, list[str]]:
 
 def test_examples_load_the_rules_from_a_folder_of_their_own() -> None:
     # The old pattern, /etc/prometheus/rules/memexporter*.rules.yml, also matched a demo rendering
-    # saved beside the default as memexporter.cli.demo.rules.yml.
+    # saved beside the default as memexporter.demo.rules.yml.
     for name, patterns in example_rule_files().items():
         assert patterns == ["/etc/prometheus/rules/memexporter/*.yml"], name
 

@@ -78,7 +78,7 @@ def test_promtool_unit_tests_pass() -> None:
 
 
 def test_promtool_demo_preset_tests_pass(tmp_path: Path) -> None:
-    # The demo scenarios read ../memexporter.cli.demo.rules.yml: render it there, as a user would.
+    # The demo scenarios read ../memexporter.demo.rules.yml: render it there, as a user would.
     assert DEMO_TEST_FILES, "tests/promtool/*.yml went missing"
     render_preset(tmp_path, "demo")
     (tmp_path / "tests").mkdir()

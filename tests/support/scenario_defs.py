@@ -385,7 +385,7 @@ beside this folder). tests/integration/test_alerts_live.py runs the same job for
 scenario pins the timing without waiting. Scrapes and rule evaluations every second, as there.
 Generated traces (tests/support/scenario_defs.py).
 """,
-        "../memexporter.cli.demo.rules.yml",
+        "../memexporter.demo.rules.yml",
         "1s",
         [
             _test(
