@@ -1,109 +1,23 @@
-"""The ``memexporter`` command: ``demo``, ``run``, ``rules``, ``dashboards``, ``inspect`` and ``sweep``.
+"""The ``memexporter`` command: one table of subcommands (``COMMANDS``), each in its module here.
 
-``memexporter run [options] script.py [args...]`` (or ``-m module``) runs a training script with
-the exporter started, like ``python -m cProfile``: no code change. Its options are generated
-from the config knobs, so they are always the keywords of ``start()``. It works under
-``torchrun --no-python memexporter run train.py``.
+``demo``, ``run``, ``inspect``, ``rules``, ``dashboards``, ``sweep`` and ``top``; the generators of
+the committed files (``docs``, ``dashboards``' JSON, ``kube``) and the container's ``healthcheck``
+live beside them. A subcommand's module is imported only when it runs (or for ``--help``), so a
+typo never waits for torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import importlib.util
+import importlib
 import logging
-import os
-import runpy
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn
 
 from memexporter._version import __version__
-from memexporter.config import FALSE, KNOBS, TRUE, auto_track_default
-
-
-def _add_knob_options(p: argparse.ArgumentParser) -> None:
-    for knob in KNOBS:
-        flag = "--" + knob.name.replace("_", "-")
-        # argparse formats help with %: escape the docs' own.
-        if knob.boolean:  # --strict / --no-strict; unset: the environment, then the default
-            p.add_argument(
-                flag,
-                dest=knob.name,
-                default=None,
-                action=argparse.BooleanOptionalAction,
-                help=f"{knob.doc} (env {knob.env}=1/0; default {str(knob.default).lower()})".replace("%", "%%"),
-            )
-        else:
-            values = f" Values: {knob.values}." if knob.values else ""
-            p.add_argument(
-                flag,
-                dest=knob.name,
-                default=None,
-                metavar=knob.name.upper(),
-                help=f"{knob.doc}{values} (env {knob.env}; default {knob.default!r})".replace("%", "%%"),
-            )
-
-
-def _missing_target(target: str, module: bool) -> str | None:
-    """Why ``target`` cannot run, in one line, or None: checked before the exporter starts."""
-    if module:
-        try:
-            found = importlib.util.find_spec(target) is not None
-        except (ImportError, ValueError):  # a parent package is missing, or the name is empty
-            found = False
-        return None if found else f"memexporter run: no module named {target!r} (from {os.getcwd()})"
-    if os.path.isdir(target):
-        if os.path.isfile(os.path.join(target, "__main__.py")):
-            return None
-        return f"memexporter run: {target!r} is a directory without a __main__.py"
-    if not os.path.isfile(target):
-        hint = ""
-        if target.lower() in TRUE + FALSE:  # `--strict yes train.py`: the flags take no value
-            hint = " (boolean options take no value: --strict or --no-strict, --auto-step or --no-auto-step)"
-        return f"memexporter run: no such script: {target!r}{hint}"
-    return None
-
-
-def _run(args: argparse.Namespace) -> int:
-    import memexporter
-
-    settings = {k.name: getattr(args, k.name) for k in KNOBS}
-    settings["auto_track"] = auto_track_default(settings["auto_track"])
-    target = args.target
-    if not target:
-        print("memexporter run: name a script (memexporter run train.py) or a module (-m pkg.train)", file=sys.stderr)
-        return 2
-    # The script sees itself as __main__ with its own argv and sys.path[0], as under
-    # `python script.py` (the script's folder) or `python -m pkg.mod` (the working directory);
-    # from the console script, sys.path[0] would otherwise be the virtualenv's bin/. Set before
-    # the module is looked up, so that find_spec searches where `python -m` would.
-    sys.path[0] = os.getcwd() if args.module else os.path.dirname(os.path.abspath(target))
-    if (problem := _missing_target(target, args.module)) is not None:
-        print(problem, file=sys.stderr)  # before anything starts: no server, no hooks
-        return 2
-    from memexporter import exporter
-
-    try:
-        exporter.start(port_hint="--port or MEMEXPORTER_PORT", **settings)
-    except (OSError, RuntimeError) as exc:  # strict: the server or the OTLP push could not start
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc  # no "[Errno 98]" prefix
-        print(f"memexporter run: {reason} (--strict: the script was not started)", file=sys.stderr)
-        return 1
-    sys.argv = [target, *args.args]
-    try:
-        if args.module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(target, run_name="__main__")
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
-        print(exc.code, file=sys.stderr)  # sys.exit("message"): Python prints it and exits 1
-        return 1
-    finally:
-        memexporter.stop()
-    return 0
 
 
 def _configure_logging(level: str) -> None:
@@ -120,16 +34,50 @@ def _configure_logging(level: str) -> None:
     logger.propagate = False
 
 
-DEMO_HELP = "train a small GPT with the exporter on (the embedded default job)"
+@dataclass(frozen=True)
+class Subcommand:
+    """A ``memexporter`` subcommand: its help line and its module, imported only when it is needed.
+
+    ``kind`` says how it takes its arguments: ``parsed``, by this parser (the module has
+    ``add_arguments(parser)`` and ``run(args)``); ``rest``, the options this parser does not know (the
+    demo: building its parser imports torch); ``own``, every argument as given, by the module's
+    ``main(argv)`` (rules and dashboards, whose options name files; sweep, whose measured command
+    follows ``--``). ``needs_torch``: checked first, for a clear message instead of a traceback.
+    ``writes``: a file it cannot write is one line and exit status 1."""
+
+    help: str
+    module: str
+    kind: Literal["parsed", "rest", "own"] = "parsed"
+    needs_torch: bool = False
+    writes: bool = False
 
 
-def _demo(argv: list[str]) -> int:
-    from memexporter.cli.demo import add_arguments
-    from memexporter.cli.demo import run as run_demo
-
-    parser = argparse.ArgumentParser(prog="memexporter demo", description=DEMO_HELP[0].upper() + DEMO_HELP[1:] + ".")
-    add_arguments(parser)
-    return run_demo(parser.parse_args(argv))
+COMMANDS: dict[str, Subcommand] = {
+    "demo": Subcommand(
+        "train a small GPT with the exporter on (the embedded default job)",
+        "memexporter.cli.demo",
+        kind="rest",
+        needs_torch=True,
+    ),
+    "run": Subcommand(
+        "run a script or module with the exporter started (no code change)", "memexporter.cli.run", needs_torch=True
+    ),
+    "inspect": Subcommand(
+        "print a running job's /debug/memory, or a dump of oom_dump_dir, as tables", "memexporter.cli.inspect"
+    ),
+    "rules": Subcommand(
+        "print the Prometheus recording and alerting rules", "memexporter.cli.rules", kind="own", writes=True
+    ),
+    "dashboards": Subcommand(
+        "write the Grafana dashboards (JSON, or ConfigMaps)", "memexporter.cli.export", kind="own", writes=True
+    ),
+    "sweep": Subcommand(
+        "find the largest configuration that fits: peak memory per configuration, each in a fresh process",
+        "memexporter.cli.sweep",
+        kind="own",
+    ),
+    "top": Subcommand("the ranks' memory in the terminal, refreshing (needs the [top] extra)", "memexporter.cli.top"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -145,31 +93,13 @@ def _parser() -> argparse.ArgumentParser:
         help="level of memexporter's own messages (default: INFO)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
-    # The demo's options are parsed by its own parser (_demo): building it imports torch, which
-    # every other command (a typo under `memexporter run`, say) should not wait for.
-    sub.add_parser("demo", help=DEMO_HELP, add_help=False)
-
-    run = sub.add_parser("run", help="run a script or module with the exporter started (no code change)")
-    run.add_argument("-m", dest="module", action="store_true", help="run TARGET as a module, like python -m")
-    _add_knob_options(run)
-    run.add_argument("target", nargs="?", help="script path, or module name with -m")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
-
-    from memexporter.cli.inspect import add_parser as add_inspect
-
-    add_inspect(sub)
-
-    rules = sub.add_parser("rules", help="print the Prometheus recording and alerting rules", add_help=False)
-    rules.add_argument("rest", nargs=argparse.REMAINDER)
-    dashboards = sub.add_parser("dashboards", help="write the Grafana dashboards (JSON, or ConfigMaps)", add_help=False)
-    dashboards.add_argument("rest", nargs=argparse.REMAINDER)
-
-    from memexporter.cli.sweep import add_parser as add_sweep
-    from memexporter.cli.top import add_parser as add_top
-
-    add_sweep(sub)
-    add_top(sub)
+    for name, command in COMMANDS.items():
+        if command.kind == "parsed":
+            importlib.import_module(command.module).add_arguments(sub.add_parser(name, help=command.help))
+        elif command.kind == "rest":  # listed in --help; parse_known_args leaves its options to the module
+            sub.add_parser(name, help=command.help, add_help=False)
+        else:  # listed in --help; the module parses every argument
+            sub.add_parser(name, help=command.help, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     parser.set_defaults(subparsers=sub.choices)  # main() reports a subcommand's own mistakes with its usage
     return parser
 
@@ -194,32 +124,15 @@ def os_error(exc: OSError) -> str:
     return f"cannot write{where}: {exc.strerror or exc}"
 
 
-def _write_command(command: str, argv: list[str]) -> int:
-    """``rules`` and ``dashboards``, whose files the user names: a path that cannot be written is
-    one line on stderr and exit status 1, not a traceback."""
-    try:
-        if command == "rules":
-            from memexporter.cli.rules import main as rules
-
-            return rules(argv)
-        from memexporter.cli.export import main as dashboards
-
-        return dashboards(argv)
-    except OSError as exc:
-        print(f"memexporter {command}: {os_error(exc)}", file=sys.stderr)
-        return 1
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # `rules` owns its own parser (memexporter.cli.rules), so hand it the raw arguments.
-    if argv[:1] in (["rules"], ["dashboards"]):
-        return _write_command(argv[0], argv[1:])
-    if argv[:1] == ["sweep"]:  # owns its parser too: the measured command follows `--`
-        from memexporter.cli.sweep import main as sweep
-
-        return sweep(argv[1:])
-    if argv[:1] in (["demo"], ["run"]):
+    at = _command_at(argv)
+    first = COMMANDS.get(argv[at]) if at is not None else None
+    if at is not None and first is not None and first.kind == "own":  # its own parser: the arguments as given
+        if at:  # top-level options before it (--log-level debug)
+            _configure_logging(_parser().parse_args([*argv[: at + 1], "--"]).log_level)
+        return _call(argv[at], lambda module: module.main(argv[at + 1 :]))
+    if first is not None and first.needs_torch:
         from memexporter.backends.torchcheck import require_torch
 
         try:  # before the demo or the script imports torch: a clear message, not a traceback
@@ -229,24 +142,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     parser = _parser()
     args, rest = parser.parse_known_args(argv)  # the rest: the demo's options, for its own parser
-    if rest and args.command != "demo":
+    command = COMMANDS[args.command]
+    if rest and command.kind != "rest":
         _unrecognized(parser, args, rest)
     _configure_logging(args.log_level)
+    if command.kind == "rest":
+        return _call(args.command, lambda module: module.main(rest))
+    return _call(args.command, lambda module: module.run(args))
+
+
+def _command_at(argv: list[str]) -> int | None:
+    """Where the subcommand's name is, after the top-level options; None before ``--help`` and the like."""
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--log-level":
+            i += 2
+        elif argv[i].startswith("--log-level="):
+            i += 1
+        elif argv[i].startswith("-"):
+            return None
+        else:
+            return i
+    return None
+
+
+def _call(name: str, how: Callable[[Any], int]) -> int:
+    """Run the subcommand ``name``: its module imported now, its errors said in one line."""
+    command = COMMANDS[name]
     try:
-        if args.command == "inspect":
-            from memexporter.cli.inspect import run as run_inspect
-
-            try:
-                return run_inspect(args)
-            except KeyboardInterrupt:
-                return 130
-        if args.command == "demo":
-            return _demo(rest)
-        if args.command == "top":
-            from memexporter.cli.top import run as run_top
-
-            return run_top(args)
-        return _run(args)
+        return how(importlib.import_module(command.module))
+    except OSError as exc:
+        if not command.writes:
+            raise
+        print(f"memexporter {name}: {os_error(exc)}", file=sys.stderr)
+        return 1
     except (TypeError, ValueError) as exc:
         if str(exc).startswith("memexporter"):
             print(exc, file=sys.stderr)

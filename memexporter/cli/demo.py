@@ -219,3 +219,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"model width, a multiple of the {HEADS} heads (default 128)",
     )
     p.add_argument("--no-track", action="store_true", help="do not track per-module memory")
+
+
+def main(argv: list[str]) -> int:
+    """``memexporter demo [options]``: its own parser (building it imports torch, which no other
+    subcommand should wait for)."""
+    from memexporter.cli import COMMANDS
+
+    what = COMMANDS["demo"].help
+    parser = argparse.ArgumentParser(prog="memexporter demo", description=what[0].upper() + what[1:] + ".")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -24,7 +24,7 @@ from memexporter.diagnose.reading import DEFAULT_URL, ReadError, is_dump, memory
 from memexporter.diagnose.words import fmt_group, fmt_rate
 from memexporter.units import fmt_bytes, fmt_eta
 
-__all__ = ["DEFAULT_URL", "add_parser", "memory_url", "render", "run"]
+__all__ = ["DEFAULT_URL", "add_arguments", "memory_url", "render", "run"]
 
 
 def table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -147,9 +147,8 @@ def top_count(text: str) -> int:
     return int(text)
 
 
-def add_parser(sub: Any) -> None:
-    """Add ``inspect`` to the ``memexporter`` subcommands."""
-    p = sub.add_parser("inspect", help="print a running job's /debug/memory, or a dump of oom_dump_dir, as tables")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``memexporter inspect``'s options."""
     p.add_argument(
         "url",
         nargs="?",
@@ -208,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a bad URL
         print(exc, file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while waiting on a slow job: no traceback
+        return 130
     except ReadError as exc:
         print(f"memexporter inspect: {exc}", file=sys.stderr)
         return 1

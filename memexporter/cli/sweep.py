@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from memexporter.cli import COMMANDS
 from memexporter.sweep import plot as plotting
 from memexporter.sweep.child import POLL_SECONDS, Timing
 from memexporter.sweep.fit import max_fit
@@ -26,7 +27,6 @@ from memexporter.sweep.grid import SweepError, check_command, parse_grid, plan, 
 from memexporter.sweep.report import TerminalProgress, as_json, table, write_csv
 from memexporter.sweep.runner import Sweep, run_sweep
 
-HELP = "find the largest configuration that fits: peak memory per configuration, each in a fresh process"
 EPILOG = """\
 Each combination of the grid runs COMMAND with its {NAME} placeholders replaced, in a fresh process
 with the exporter on (through the environment, as PYTHONPATH=$(python -m memexporter.bootstrap)
@@ -55,7 +55,7 @@ def _positive(kind: type[int] | type[float], allow_zero: bool = False) -> argpar
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="memexporter sweep",
-        description=HELP,
+        description=COMMANDS["sweep"].help,
         epilog=EPILOG,
         usage="memexporter sweep --grid NAME=V1,V2,... [--grid ...] [options] -- COMMAND ARGS...",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -96,12 +96,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", type=Path, metavar="OUT", help="write one row per run as CSV")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw peak against the first axis (needs matplotlib)")
     return p
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """List ``sweep`` in ``memexporter --help``; ``main`` parses its arguments itself (the command after ``--``)."""
-    p = sub.add_parser("sweep", help=HELP, add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
 
 
 def program(command: list[str]) -> list[str]:

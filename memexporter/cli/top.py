@@ -208,8 +208,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: Any) -> None:
-    top = sub.add_parser("top", help="the ranks' memory in the terminal, refreshing (needs the [top] extra)")
+def add_arguments(top: argparse.ArgumentParser) -> None:
+    """``memexporter top``'s options."""
     top.add_argument("urls", nargs="*", metavar="URL", help="ranks: host:port or their URL (default: the local ranks)")
     top.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default: 2)")
     top.add_argument("--timeout", type=float, default=1.5, help="seconds a rank may take to answer (default: 1.5)")

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.support import REPO_ROOT
-from tests.support.browser import card, console_errors, headless_chromium, wait_for
+from tests.support.browser import card, console_errors, headless_chromium, text_of, wait_for
 from tests.support.demo import module_env, running_demo
 from tests.support.ports import free_port
 
@@ -78,8 +78,10 @@ def test_the_live_page_and_top_pictures_are_taken_from_two_demo_ranks(tmp_path: 
         )
         with headless_chromium(width=1100, height=1000) as browser:
             browser.get(f"http://127.0.0.1:{leaking}/")
-            shown = card(browser, "cpu")
-            wait_for(lambda: "reaches the limit" in shown.text, what="the ETA in words")
+            card(browser, "cpu")
+            wait_for(
+                lambda: "reaches the limit" in text_of(browser, '.card[data-device="cpu"]'), what="the ETA in words"
+            )
             assert console_errors(browser) == []
             browser.save_screenshot(str(out / "live-page.png"))
         done = subprocess.run(

@@ -57,6 +57,18 @@ def console_errors(driver: Any) -> list[dict[str, Any]]:
     return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
+def text_of(driver: Any, css: str) -> str:
+    """The text of the first element matching ``css`` now, found again on each call: the live page
+    redraws its cards at each refresh, so an element found earlier can be gone ("" then)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        found = driver.find_elements("css selector", css)
+        return str(found[0].text) if found else ""
+    except StaleElementReferenceException:
+        return ""
+
+
 def card(driver: Any, device: str) -> Any:
     """The live page's card of ``device``, once it is drawn."""
     return wait_for(lambda: next(iter(driver.find_elements("css selector", f'.card[data-device="{device}"]')), None))

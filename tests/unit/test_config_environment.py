@@ -14,6 +14,7 @@ import pytest
 
 import memexporter
 from memexporter import cli
+from memexporter.cli import run as run_command
 from memexporter.config import KNOBS, Config, Knob, environment, known_variables, resolve_knob
 from tests.support import REPO_ROOT
 from tests.support.ports import free_port
@@ -100,7 +101,7 @@ def test_run_with_a_port_option_warns_about_a_bad_port_variable(
         ["run", "--port", str(free_port()), "--addr", "127.0.0.1", "--no-auto-track", str(script)]
     )
     with caplog.at_level(logging.WARNING, logger="memexporter"):
-        assert cli._run(args) == 0
+        assert run_command.run(args) == 0
     said = [m for m in warnings(caplog) if "MEMEXPORTER_PORT" in m]
     assert len(said) == 1 and "'abc'" in said[0] and "given explicitly and wins" in said[0], warnings(caplog)
 

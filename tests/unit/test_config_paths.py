@@ -16,6 +16,7 @@ import torch
 
 import memexporter
 from memexporter import cli, exporter
+from memexporter.cli import run as run_command
 from memexporter.collectors.scrape import Scrape
 from memexporter.config import BY_NAME, KNOBS, Knob, environment
 from memexporter.exporter import Exporter
@@ -212,7 +213,7 @@ def run_in_process(
     OBSERVED.clear()
     OBSERVED["expected"] = expected
     args = cli._parser().parse_args(["run", *options, str(script), name])
-    assert cli._run(args) == 0
+    assert run_command.run(args) == 0
     assert OBSERVED.get("effect") is True, OBSERVED
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import memexporter
 from memexporter import cli
+from memexporter.cli import run as run_command
 from memexporter.config import environment
 from memexporter.serving.binding import PortAdvice
 from tests.support.ports import free_port
@@ -91,7 +92,7 @@ def test_under_memexporter_run_the_advice_is_the_option(
         ["run", "--port", str(taken), "--addr", "127.0.0.1", "--no-auto-track", str(script)]
     )
     with caplog.at_level(logging.ERROR, logger="memexporter"):
-        assert cli._run(args) == 0  # the port is taken: the script still runs
+        assert run_command.run(args) == 0  # the port is taken: the script still runs
     assert f"it comes from --port {taken}: pass another base port there" in errors(caplog)
 
 
