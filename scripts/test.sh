@@ -13,7 +13,7 @@ echo "[test] mypy"; "$VPY" -m mypy
 # Prometheus/Alertmanager and a training demo, so they overlap with the rest. --dist loadgroup
 # keeps each xdist_group (tests sharing one expensive fixture) on one worker. Slow tests name
 # themselves as they start and end (tests/support/progress.py). MEMEXPORTER_TEST_WORKERS=1: serial.
-workers="${MEMEXPORTER_TEST_WORKERS:-6}"  # more than the cores: the live tests mostly wait
+workers="${MEMEXPORTER_TEST_WORKERS:-4}"
 echo "[test] pytest ($workers workers)"
 set +e
 if [[ "$workers" == "1" ]]; then
