@@ -183,8 +183,10 @@ def run(args: argparse.Namespace) -> int:
         recorder.print(render(board))
         try:
             recorder.save_svg(args.svg, title="memexporter top")
-        except OSError as e:
-            print(f"memexporter top: cannot write {args.svg}: {e.strerror}", file=sys.stderr)
+        except OSError as exc:
+            from memexporter.cli import os_error
+
+            print(f"memexporter top: {os_error(exc)}", file=sys.stderr)
             return 1
         print(f"memexporter top: wrote {args.svg}")
         return 0

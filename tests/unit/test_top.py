@@ -68,7 +68,7 @@ def test_svg_into_a_folder_that_is_not_there_is_one_line_and_status_1(
     assert run(args) == 1
     err = capsys.readouterr().err
     assert err.splitlines() == [
-        f"memexporter top: cannot write {tmp_path / 'missing' / 'top.svg'}: No such file or directory"
+        f"memexporter top: cannot write '{tmp_path / 'missing' / 'top.svg'}': No such file or directory"
     ]
 
 
