@@ -13,6 +13,7 @@ entry whose block is gone, fails: a new command in the docs says how it is teste
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -30,7 +31,7 @@ import yaml
 from tests.support import REPO_ROOT
 from tests.support.demo import module_env
 from tests.support.ports import free_port
-from tests.support.process import stop
+from tests.support.process import stop, tail
 
 pytestmark = pytest.mark.integration
 
@@ -331,13 +332,15 @@ def test_the_block_runs_and_prints_what_the_text_says(key: tuple[str, str], tmp_
     for written, run in plan.edits:
         assert written in text, f"the edit {written!r} no longer matches {key}: update PLAN"
         text = text.replace(written, run)
-    receiver = None
-    if plan.otlp:
-        pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="needs pip install 'memexporter[otel]'")
-        from tests.support.otlp import OtlpHttpReceiver, metrics
+    with contextlib.ExitStack() as stack:
+        receiver = None
+        if plan.otlp:
+            pytest.importorskip(
+                "opentelemetry.exporter.otlp.proto.http", reason="needs pip install 'memexporter[otel]'"
+            )
+            from tests.support.otlp import OtlpHttpReceiver, metrics
 
-        receiver = OtlpHttpReceiver().__enter__()
-    try:
+            receiver = stack.enter_context(OtlpHttpReceiver())
         fill = {
             "{port}": str(free_port()),
             "{tmp}": str(tmp_path),
@@ -351,10 +354,11 @@ def test_the_block_runs_and_prints_what_the_text_says(key: tuple[str, str], tmp_
         env = module_env(plan.env)
         env.pop("MEMEXPORTER_STRICT")  # the commands as a user runs them
         env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env["PATH"]))
-        with (tmp_path / "out.log").open("wb") as log:
+        log = tmp_path / "out.log"
+        with log.open("wb") as sink:
             proc = subprocess.Popen(
                 ["bash", str(tmp_path / "block.sh")],
-                stdout=log,
+                stdout=sink,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
@@ -363,14 +367,11 @@ def test_the_block_runs_and_prints_what_the_text_says(key: tuple[str, str], tmp_
                 rc = proc.wait(timeout=plan.timeout)
             finally:
                 stop(proc)
-        out = (tmp_path / "out.log").read_text(errors="replace")
-        assert rc == 0, f"{key[0]}: the block failed ({rc}):\n{script}\n---\n{out[-4000:]}"
+        out = log.read_text(errors="replace")
+        assert rc == 0, f"{key[0]}: the block failed ({rc}):\n{script}\n---\n{tail(log)}"
         for pattern in plan.expect:
-            assert re.search(pattern, out), f"{key[0]}: no {pattern!r} in what the block printed:\n{out[-4000:]}"
+            assert re.search(pattern, out), f"{key[0]}: no {pattern!r} in what the block printed:\n{tail(log)}"
         if plan.check:
             plan.check(tmp_path, out)
         if receiver:
             assert any("memexporter.memory.used" in metrics(r) for r in receiver.snapshot()), "nothing was pushed"
-    finally:
-        if receiver:
-            receiver.__exit__(None, None, None)

@@ -70,8 +70,7 @@ def test_the_live_page_and_top_pictures_are_taken_from_two_demo_ranks(tmp_path: 
         )
         wait_for(
             lambda: (
-                (cpu(live(leaking)).get("oom_eta_seconds") or 0) > 0
-                and len(cpu(live(leaking))["history"]) >= HISTORY_S / 2
+                ((now := cpu(live(leaking))).get("oom_eta_seconds") or 0) > 0 and len(now["history"]) >= HISTORY_S / 2
             ),
             timeout=120,
             what="the leaking rank's ETA and history",
