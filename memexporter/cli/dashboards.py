@@ -13,6 +13,9 @@ OUT_DIR = Path(__file__).resolve().parents[2] / "grafana" / "dashboards"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m memexporter.dashboards``: write each dashboard's JSON into ``--out`` (default: the checkout's
+    ``grafana/dashboards/``); with ``--check``, write nothing and list the stale files. Exit 0, or 1 when
+    a file is stale or cannot be written (one line on stderr)."""
     parser = argparse.ArgumentParser(
         prog="python -m memexporter.dashboards", description="Generate grafana/dashboards/*.json."
     )

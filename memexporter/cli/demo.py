@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``memexporter demo``'s options, on ``p``."""
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (default: auto)")
     p.add_argument(
         "--port",

@@ -50,6 +50,9 @@ def pages(docs: Path) -> dict[Path, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m memexporter.cli.docs``: rewrite the stale generated blocks of the pages under ``--docs``,
+    printing each page rendered; with ``--check``, write nothing and print the stale pages. Exit 0, or 1
+    when ``--check`` finds a stale page."""
     parser = argparse.ArgumentParser(prog="python -m memexporter.cli.docs", description=__doc__)
     parser.add_argument("--docs", type=Path, default=DOCS, help="the docs folder (default: the checkout's)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a page is stale")

@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``memexporter dashboards``: the dashboards as JSON files into the ``--output`` folder (default
+    ``./memexporter-dashboards``), or with ``--format configmap`` as a YAML stream of ConfigMaps on stdout
+    or into the ``--output`` file; what it wrote is said on stderr. Exit 0, or 2 (argparse's) when options
+    do not go together or ``--output`` is a file where a folder is needed."""
     parser = _parser()
     args = parser.parse_args(argv)
     files = rendered()

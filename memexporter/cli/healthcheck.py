@@ -45,6 +45,8 @@ def probe(target: str, timeout: float = 3.0) -> str | None:
 
 
 def main() -> int:
+    """Probe the exporter at ``url()``: exit 0 when it answers 200, 1 when not (one line on stderr says why),
+    2 when the settings give no fixed port or are invalid."""
     try:
         target = url()
     except (TypeError, ValueError) as exc:

@@ -193,6 +193,9 @@ def _token_file(url: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``memexporter inspect``: print the document at ``args.url`` (a job's ``/debug/memory`` or a dump file)
+    as tables, or as JSON with ``--json``; ``--print-token-file`` prints the job's token file instead. Exit
+    0 shown, 1 unreadable (or no token file), 2 a bad URL, 130 after Ctrl-C."""
     target = str(args.url)
     top = max(1, int(args.top))
     try:

@@ -53,6 +53,7 @@ def _positive(kind: type[int] | type[float], allow_zero: bool = False) -> argpar
 
 
 def parser() -> argparse.ArgumentParser:
+    """``memexporter sweep``'s parser, for the arguments before ``--`` (the measured command follows it)."""
     p = argparse.ArgumentParser(
         prog="memexporter sweep",
         description=COMMANDS["sweep"].help,
@@ -131,6 +132,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
+    """``memexporter sweep [options] -- COMMAND``: run every configuration of the grid, print the table on
+    stdout and write ``--json``, ``--csv`` and ``--plot``. Exit 0 when every run was measured, 1 when a
+    command could not be measured, a run failed for a reason other than memory or an output could not be
+    written, 2 for bad arguments, 130 after Ctrl-C."""
     argv = list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser().parse_known_args(argv[:split])

@@ -52,12 +52,16 @@ class Rank:
 
 @dataclass
 class Board:
+    """The targets and the selected row; ``lock`` guards the selection between drawing and the key thread."""
+
     ranks: list[Rank]
     selected: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def fetch(rank: Rank, timeout: float) -> None:
+    """Read ``rank.url`` (its ``/live.json``) within ``timeout`` seconds into ``rank``: the document and when
+    it came, else ``rank.error`` saying why (the last document is kept). Never raises."""
     try:
         with _OPENER.open(rank.url, timeout=timeout) as resp:
             rank.doc, rank.error, rank.seen = json.loads(resp.read()), "", time.monotonic()
@@ -114,6 +118,8 @@ def rows(board: Board) -> list[tuple[tuple[float, float], list[str], int]]:
 
 
 def render(board: Board) -> Any:
+    """One frame for rich: the rank table (the selected row reversed) and, below it, the first ten module
+    rows of the selected rank as ``/live.json`` lists them."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -165,6 +171,9 @@ def _keys(board: Board, stop: threading.Event) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``memexporter top``: with ``--svg``, one snapshot written as an SVG; with ``--once`` or when stdin is
+    no terminal, one snapshot printed; else a live table refreshed every ``--interval`` seconds until q or
+    Ctrl-C. Exit 0, 1 when the SVG cannot be written, 2 without ``rich``."""
     try:
         from rich.console import Console
         from rich.live import Live

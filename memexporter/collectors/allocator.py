@@ -69,6 +69,10 @@ PINNED: dict[str, str] = {
 
 
 class AllocatorCollector:
+    """The caching allocator per device: ``memexporter_allocator_*`` from ``memory_stats()`` (``KEYS``: bytes
+    and counts; the fragmentation ratio; ``allocator_info``), and ``memexporter_host_pinned_*`` bytes from
+    ``host_memory_stats()``. No series when no accelerator device reports."""
+
     name = "allocator"
 
     def collect(self, scrape: Scrape) -> Iterable[Metric]:

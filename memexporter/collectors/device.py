@@ -25,6 +25,10 @@ RESERVED = KEYS["memexporter_allocator_reserved_bytes"]  # the memory_stats() ke
 
 
 class DeviceCollector:
+    """``memexporter_device_*`` per device from its driver library (NVML, amdsmi, torch.xpu: ``Scrape.driver``):
+    total, used and free bytes, this process's bytes, the bytes outside the caching allocator, and
+    ``device_info``."""
+
     name = "device"
 
     def collect(self, scrape: Scrape) -> Iterable[Metric]:

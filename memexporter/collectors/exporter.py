@@ -19,6 +19,9 @@ def hook_errors(scrape: Scrape) -> int:
 
 
 class ExporterCollector:
+    """The exporter's own series, from ``Sources``: build, process and run info, hook errors, and the HTTP
+    server's dropped connections."""
+
     name = "exporter"
 
     def collect(self, scrape: Scrape) -> Iterable[Metric]:

@@ -15,6 +15,9 @@ from memexporter.metrics import families
 
 
 class HostCollector:
+    """``memexporter_host_*`` bytes from ``HostBackend.sample()`` (psutil, capped by the cgroup): the process's
+    RSS, its DataLoader workers' RSS, available and limit."""
+
     name = "host"
 
     def collect(self, scrape: Scrape) -> Iterable[Metric]:

@@ -16,6 +16,8 @@ from memexporter.metrics import families
 
 
 class MemoryCollector:
+    """``memexporter_memory_used_bytes`` and ``memexporter_memory_limit_bytes`` per device, from ``Scrape.views``."""
+
     name = "memory"
 
     def collect(self, scrape: Scrape) -> Iterable[Metric]:

@@ -15,6 +15,9 @@ from memexporter.metrics import families
 
 
 class PhasesCollector:
+    """``memexporter_phase_*`` from ``PhaseTracker.snapshot()``: each completed phase's last peak (bytes) and
+    duration (seconds), completions, whether it is active, and the last change (unix seconds)."""
+
     name = "phases"
 
     def collect(self, scrape: Scrape) -> Iterable[Metric]:

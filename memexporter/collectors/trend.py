@@ -17,6 +17,10 @@ from memexporter.oom.trend import estimate
 
 
 class TrendCollector:
+    """Per device, from ``StepTracker.snapshot()`` through ``oom.trend.estimate``: step peak and baseline
+    (bytes), leak rate (bytes per second and per step) and OOM ETA (seconds); and the step count, the
+    last step's time (unix seconds) and the step interval (seconds)."""
+
     name = "trend"
 
     def collect(self, scrape: Scrape) -> Iterable[Metric]:

@@ -27,22 +27,27 @@ def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
 
 
 def port(name: str, value: object) -> int:
+    """A TCP port, 0-65535 (0: any free port)."""
     return _int(name, value, 0, 65535)
 
 
 def positive(name: str, value: object) -> int:
+    """An integer >= 1, from an int or a string (an environment variable's)."""
     return _int(name, value, 1)
 
 
 def non_negative(name: str, value: object) -> int:
+    """An integer >= 0, from an int or a string."""
     return _int(name, value, 0)
 
 
 def window(name: str, value: object) -> int:
+    """The leak window's length in steps: an integer 8-100000."""
     return _int(name, value, 8, 100_000)
 
 
 def opt_positive(name: str, value: object) -> int | None:
+    """An integer >= 1, or None when unset (``None`` or an empty string)."""
     return None if value is None or value == "" else positive(name, value)
 
 
@@ -85,6 +90,7 @@ TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def boolean(name: str, value: object) -> bool:
+    """A bool, or a string among ``1/true/yes/on`` and ``0/false/no/off`` (any case, blanks around ignored)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
@@ -117,6 +123,7 @@ def addr(name: str, value: object) -> str:
 
 
 def opt_path(name: str, value: object) -> str | None:
+    """The path of an existing file, as a string; None when unset (``None`` or an empty string)."""
     if value is None or value == "":
         return None
     if not isinstance(value, (str, os.PathLike)):

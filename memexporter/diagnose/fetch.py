@@ -34,6 +34,8 @@ class FetchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Answer:
+    """The answer as ``get`` read it: status, reason phrase, headers (names lower-cased) and the whole body."""
+
     status: int
     reason: str
     headers: Mapping[str, str]
@@ -47,6 +49,7 @@ def one_line(text: str, limit: int = 200) -> str:
 
 
 def too_large(cap: int) -> str:
+    """The end of the message refusing a document over ``cap`` bytes (an answer or a dump file), ``cap`` in MiB."""
     return f"larger than {cap >> 20} MiB, the most inspect reads: not a memexporter document"
 
 

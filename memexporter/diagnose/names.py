@@ -24,6 +24,7 @@ _CREDENTIAL = re.compile(
 
 
 def redacted(text: str) -> str:
+    """``<redacted N chars>``: the length of ``text``, never its characters."""
     return f"<redacted {len(text)} chars>"
 
 

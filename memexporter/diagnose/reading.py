@@ -73,6 +73,7 @@ def check(doc: Any, source: str) -> dict[str, Any]:
 
 
 def parse(body: bytes, source: str) -> dict[str, Any]:
+    """The document in ``body`` (UTF-8 JSON), ``check``-ed; ``ReadError`` naming ``source`` when it is not JSON."""
     try:
         return check(json.loads(body.decode("utf-8")), source)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors

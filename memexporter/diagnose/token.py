@@ -53,6 +53,8 @@ def _host() -> str:
 
 
 def file_name(pid: int, port: int) -> str:
+    """The token file's name, ``memexporter-<host>-<pid>-<port>.token`` (in the host name, ``_`` for any
+    character but letters, digits, ``.`` and ``-``)."""
     return f"memexporter-{_host()}-{pid}-{port}.token"
 
 

@@ -25,6 +25,8 @@ def fmt_rate(x: float) -> str:
 
 
 def leak_line(device: str, rate: float, top: Named) -> str:
+    """The warning for a leak of ``rate`` bytes per step that the tensor group ``top`` explains: its dtype,
+    shape and device, its count per step, and its first holder."""
     g = top.growth
     holder = top.held_by[0] if top.held_by else NO_HOLDER
     kind = "" if g.key[3] == "other" else f" ({g.key[3].replace('_', ' ')})"
@@ -35,6 +37,7 @@ def leak_line(device: str, rate: float, top: Named) -> str:
 
 
 def unexplained_line(device: str, rate: float) -> str:
+    """The warning for a leak of ``rate`` bytes per step on ``device`` that no tensor group's growth explains."""
     return (
         f"memexporter: leaking {fmt_bytes(rate)}/step on {device}, but no tensor group grows: the memory is "
         "outside tensors (Python objects, a C extension, allocator caching). Details: memexporter inspect"
@@ -42,6 +45,8 @@ def unexplained_line(device: str, rate: float) -> str:
 
 
 def graph_line(top: NamedGraph, count: int) -> str:
+    """The warning for ``count`` tensors whose autograd graphs survive from step to step: ``top``'s group and
+    its first holder."""
     g = top.graph
     holder = top.held_by[0] if top.held_by else NO_HOLDER
     return (

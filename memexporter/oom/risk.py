@@ -62,6 +62,9 @@ class OomRisk:
 
 @dataclass(frozen=True)
 class Thresholds:
+    """When ``judge`` sees a risk: a peak over ``full_utilisation`` of the limit, or over ``min_utilisation``
+    with the ETA within ``horizon_s`` seconds. Defaults: ``MemexporterOOMImminent``'s (``rules/params.py``)."""
+
     horizon_s: float = float(_DEFAULTS.imminent_horizon)
     min_utilisation: float = _DEFAULTS.imminent_min_utilisation
     full_utilisation: float = _DEFAULTS.imminent_full_utilisation
@@ -159,6 +162,7 @@ _registered: tuple[Callable[[OomRisk], None], ...] = ()
 
 
 def registered() -> tuple[Callable[[OomRisk], None], ...]:
+    """This process's ``on_oom_risk`` callbacks, in the order registered."""
     return _registered
 
 
@@ -183,6 +187,8 @@ class RiskHandle:
 
 
 def register(fn: Callable[[OomRisk], None]) -> RiskHandle:
+    """Add ``fn`` to this process's ``on_oom_risk`` callbacks (``TypeError`` when it is not callable); the
+    handle removes it."""
     global _registered
     if not callable(fn):
         raise TypeError(f"memexporter.on_oom_risk: expected a callable taking an OomRisk, got {fn!r}")

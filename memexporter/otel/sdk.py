@@ -103,6 +103,7 @@ def resource_attributes(ident: Identity, given: Mapping[str, object]) -> dict[st
 
 
 def disabled(environ: Mapping[str, str]) -> bool:
+    """Whether ``OTEL_SDK_DISABLED`` is ``true`` (any case) in ``environ``: the OpenTelemetry SDK's off switch."""
     return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 

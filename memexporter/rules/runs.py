@@ -43,6 +43,7 @@ _ETA = "rank_device:memexporter_oom_eta_seconds:min"
 
 
 def indent(text: str, spaces: int) -> str:
+    """``text`` with each line indented by ``spaces`` spaces, to nest one PromQL expression in another."""
     return "\n".join(" " * spaces + line for line in text.splitlines())
 
 
@@ -59,6 +60,8 @@ def with_run(expr: str, info: str = INFO + "{%(sel)s}") -> str:
 
 
 def info_record() -> Rule:
+    """The ``rank:memexporter_run:info`` record: one series per rank with its ``run_id``, from ``run_info``,
+    else from ``build_info``."""
     return Rule(
         INFO,
         expr=f"topk by ({KEY}) (1,\n"

@@ -41,6 +41,9 @@ Key = tuple[str, bool, frozenset[str] | None]
 
 @dataclass(frozen=True)
 class Render:
+    """One cached render of a variant: when it began (monotonic seconds), its headers, and its body (gzipped
+    when the variant is)."""
+
     started: float  # monotonic seconds
     headers: list[tuple[str, str]]
     body: bytes

@@ -64,6 +64,7 @@ def _static(status: str, content_type: str, body: bytes, extra: tuple[tuple[str,
 
 
 def too_many(wait: float) -> WSGIApp:
+    """A ``429 Too Many Requests`` app whose ``Retry-After`` is ``wait`` seconds rounded up (at least 1)."""
     after = retry_after(wait)
     return _static(
         "429 Too Many Requests",

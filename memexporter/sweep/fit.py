@@ -45,6 +45,7 @@ class Line:
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Line:
+    """The least-squares line of ``ys`` (peak bytes) against ``xs``; slope 0 when every ``x`` is the same."""
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
@@ -65,6 +66,9 @@ class Prediction:
 
 
 def predict(axis: Axis, runs: Sequence[Run], limit: float | None, others: dict[str, str]) -> Prediction:
+    """Where the line through one series' fitting ``runs`` reaches ``limit`` bytes on the first axis, or
+    None and the condition that failed (see the module doc); ``others``: the series' other axes."""
+
     def no(reason: str, line: Line | None = None) -> Prediction:
         return Prediction(others, None, reason, line)
 
@@ -104,6 +108,8 @@ def predict(axis: Axis, runs: Sequence[Run], limit: float | None, others: dict[s
 
 @dataclass(frozen=True)
 class MaxFit:
+    """``max_fit``'s answer: the largest run that fits, the prediction for its series, and every series'."""
+
     measured: dict[str, str] | None  # params of the largest run that fits
     predicted: Prediction  # for the series of the measured run (the first series when none fits)
     series: list[Prediction]

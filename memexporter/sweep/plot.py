@@ -24,6 +24,7 @@ MAX_TICKS = 12  # up to this many values, each gets its own tick on the x axis
 
 
 def available() -> bool:
+    """Whether matplotlib can be imported (``--plot`` needs it)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -27,12 +27,14 @@ SPLIT_COLUMNS = (
 
 
 def size(n: float | None) -> str:
+    """Bytes for the table: MiB with one decimal, GiB with two from 10 GiB up; ``-`` when unknown."""
     if n is None:
         return "-"
     return f"{n / GiB:.2f} GiB" if abs(n) >= 10 * GiB else f"{n / MiB:.1f} MiB"
 
 
 def seconds(s: float | None) -> str:
+    """Seconds for the table: milliseconds below 1 s, else seconds with two decimals; ``-`` when unknown."""
     return "-" if s is None else f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
 
 
@@ -41,6 +43,7 @@ def _int(n: float | None) -> int | None:
 
 
 def headroom(run: Run) -> float | None:
+    """The run's limit minus its peak, in bytes (negative: over the limit); None when either is unknown."""
     return None if run.limit_bytes is None or run.peak_bytes is None else run.limit_bytes - run.peak_bytes
 
 
@@ -78,6 +81,7 @@ def _typed(sweep: Sweep, params: Mapping[str, str]) -> dict[str, int | float | s
 
 
 def run_json(sweep: Sweep, r: Run) -> dict[str, Any]:
+    """One run as ``--json`` writes it: its parameters typed, bytes as integers, times in seconds."""
     return {
         "params": _typed(sweep, r.params),
         "command": r.argv,
@@ -105,6 +109,8 @@ def run_json(sweep: Sweep, r: Run) -> dict[str, Any]:
 
 
 def as_json(sweep: Sweep, mf: MaxFit) -> dict[str, Any]:
+    """The whole sweep as ``--json`` writes it (the CSV is its runs): command, grid, runs, the
+    configurations not run, and ``max_fit``."""
     first = sweep.axes[0].name
     ran = [r.params for r in sweep.runs]
     top = mf.predicted

@@ -57,6 +57,9 @@ class Run:
 
 @dataclass
 class Sweep:
+    """One sweep: the grid's axes, the command with its ``{NAME}`` placeholders, optimizer steps per run,
+    ``--limit-mib``, and the runs so far; ``interrupted`` after Ctrl-C, ``error`` when it could not go on."""
+
     axes: list[Axis]
     command: list[str]
     steps: int
@@ -75,6 +78,7 @@ class Sweep:
 
 
 def tail_lines(text: str, lines: int = 15) -> str:
+    """The last ``lines`` lines of ``text``, each indented four spaces (a command's output in a message)."""
     return "\n".join("    " + line for line in text.rstrip().splitlines()[-lines:])
 
 
