@@ -33,7 +33,7 @@ import torch.distributed as dist
 from bench_overhead import GPT, VARIANTS, Job, interleaved, pct
 from torch.distributed.fsdp import fully_shard
 
-import memexporter.tracking.optimizer as mx_optimizer
+import memexporter.tracking.gradients as mx_optimizer
 import memexporter.tracking.schedule as mx_schedule
 
 NAMES = ("plain", "start", "start+track")

@@ -75,7 +75,7 @@ def main() -> None:
         return (time.thread_time() - t0) / args.block
 
     handle = track(tracked, opts[id(tracked)], max_modules=1000)
-    modules = 1 + len(handle._plan.hooked)
+    modules = 1 + len(handle.counts.plan.hooked)
     shipped, every = (schedule.RECORD_INTERVAL_S, schedule.RECORD_EVERY) if schedule else (None, 1)
     regimes = ["steady", "every"] if args.regime == "both" else [args.regime]
     if shipped is None:

@@ -125,6 +125,9 @@ def os_error(exc: OSError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``memexporter`` command: find the subcommand in ``COMMANDS`` and run it with its
+    arguments (``sys.argv`` by default). Returns the exit status: the subcommand's, 2 for a usage
+    mistake or a missing torch (argparse exits 2 itself for most usage mistakes)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     at = _command_at(argv)
     first = COMMANDS.get(argv[at]) if at is not None else None

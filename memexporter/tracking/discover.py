@@ -156,6 +156,7 @@ def start(found: Callable[[list[nn.Module]], None]) -> Discovery:
 
 
 def stop() -> None:
+    """End the running search, if any; its step hook then does nothing. Idempotent."""
     global _active
     if _active is not None:
         _active.close()

@@ -1,6 +1,6 @@
 """The module ledger, on the training thread: byte counting over a ``plan.Plan``.
 
-The hooks in ``tracking/hooks.py`` and ``tracking/optimizer.py`` call the counting functions here
+The hooks in ``tracking/forward.py`` and ``tracking/gradients.py`` call the counting functions here
 and publish the results as an immutable ``snapshots.Snapshot``, which is all the scrape thread
 reads (DESIGN.md §2 rule 4).
 

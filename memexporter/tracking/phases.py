@@ -187,6 +187,7 @@ _auto: dict[str, _Open | None] = dict.fromkeys(AUTOMATIC_PHASES)
 
 
 def activate(tracker: PhaseTracker | None) -> None:
+    """Make ``tracker`` the process's running one (``None``: none), owned by this process."""
     global _active, _owner_pid
     _active, _owner_pid = tracker, os.getpid()
     for name in AUTOMATIC_PHASES:
@@ -230,8 +231,10 @@ def forward_end(grad: bool) -> None:
 
 
 def optimizer_begin(readings: Readings | None) -> None:
+    """An optimizer step starts: the forward and backward phases end, ``optimizer`` opens."""
     _switch(("forward", "backward"), "optimizer", readings)
 
 
 def optimizer_end(readings: Readings | None) -> None:
+    """The optimizer step ended: the ``optimizer`` phase closes."""
     _switch(("optimizer",), None, readings)

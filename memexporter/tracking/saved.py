@@ -39,6 +39,8 @@ def _identity(x: Any) -> Any:
 
 
 class Backward(Protocol):
+    """Where the unpack hook notes that a backward read the recorded pass's saves (a ``Schedule``)."""
+
     backward: bool
 
 

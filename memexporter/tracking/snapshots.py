@@ -118,12 +118,14 @@ _lock = threading.Lock()
 
 
 def register(source: SnapshotSource) -> None:
+    """Export ``source``'s snapshots from now on (``TrackHandle`` registers itself)."""
     global _active
     with _lock:
         _active = (*_active, source)
 
 
 def unregister(source: SnapshotSource) -> None:
+    """Stop exporting ``source``'s rows. Idempotent."""
     global _active
     with _lock:
         _active = tuple(s for s in _active if s is not source)

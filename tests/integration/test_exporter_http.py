@@ -237,7 +237,7 @@ def test_forked_child_serves_counts_and_hooks_nothing(monkeypatch: pytest.Monkey
     collector yields a series, no hook counts a step or publishes module figures, the child holds
     no listening socket, stop() returns at once and leaves the parent alone, and after the
     parent's stop() the port is free while the child lives."""
-    from memexporter.tracking import optimizer as tracking_optimizer
+    from memexporter.tracking import gradients as tracking_optimizer
     from tests.support.forked import run_forked
     from tests.support.ports import bindable
 

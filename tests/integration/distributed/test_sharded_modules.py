@@ -104,7 +104,7 @@ def test_steps_errors_collectors_and_row_names(results: dict[str, Ranks], config
         assert (after["steps"] or 0) - (before["steps"] or 0) == res["steps_taken"], f"rank {r}"
         assert after["hook_errors"] is not None, f"rank {r}: no memexporter_hook_errors_total"
         assert after["hook_errors"] - (before["hook_errors"] or 0) == 0, f"rank {r}: hook errors in {config}"
-        assert after["hook_errors"] == res["hook_errors_fn"], "the counter is memexporter.tracking.hooks.hook_errors()"
+        assert after["hook_errors"] == res["hook_errors_fn"], "the counter is memexporter.tracking.errors.hook_errors()"
         assert after["collector_success"], f"rank {r}: no memexporter_collector_success"
         assert all(v == 1 for v in after["collector_success"].values()), after["collector_success"]
         labels = {label for family in after["rows"].values() for label in family}

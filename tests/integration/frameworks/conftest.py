@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import memexporter
-from memexporter.tracking import optimizer as mx_optimizer
+from memexporter.tracking import gradients as mx_optimizer
 from memexporter.tracking import schedule as mx_schedule
 from memexporter.tracking.modules import active_handles, hook_errors
 

@@ -104,7 +104,7 @@ def test_the_scripts_own_track_after_auto_track_takes_over() -> None:
     # The script tracks its model itself, later: no "already tracked" error, its options win.
     mine = memexporter.track(model, opt, prefix="mine")
     assert active_handles() == (mine,)
-    assert found._removed  # type: ignore[attr-defined]
+    assert found.removed
     with pytest.raises(ValueError, match="already tracked"):
         memexporter.track(model)  # a second explicit track() is still an error
 

@@ -1,4 +1,4 @@
-"""How a forward is recorded (tracking/hooks.py): through whichever module the training step calls,
+"""How a forward is recorded (tracking/forward.py): through whichever module the training step calls,
 summed over the parts of one pass, at most once per ``RECORD_INTERVAL_S``, with the row hooks on
 the model only while forwards are recorded."""
 
@@ -139,7 +139,7 @@ def test_an_interrupted_forward_is_closed_at_the_next_optimizer_step() -> None:
     assert torch._C._autograd._top_saved_tensors_default_hooks(True) is not None  # left pushed
     opt.step()
     assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
-    assert handle._depth == 0 and handle._ctx is None
+    assert handle.forward.idle
     model.stop = False
     model(torch.randn(2, 16)).sum().backward()
     assert totals(handle)["activation"] > 0
@@ -193,7 +193,7 @@ def test_a_checkpoint_recompute_between_recordings_leaves_the_stack_empty() -> N
     handle = track(model)
     for _ in range(3):
         model(torch.randn(2, 5, 16)).sum().backward()
-        assert handle._stack == [] and handle._depth == 0
+        assert handle.forward.idle
 
 
 def test_a_tracked_model_inside_another_is_counted_in_one_of_them_every_time(monkeypatch: pytest.MonkeyPatch) -> None:

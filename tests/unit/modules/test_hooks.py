@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from memexporter.tracking import errors as tracking_errors
+from memexporter.tracking import gradients as tracking_optimizer
 from memexporter.tracking import ledger
-from memexporter.tracking import optimizer as tracking_optimizer
 from memexporter.tracking import saved as tracking_saved
 from memexporter.tracking.modules import active_handles, hook_errors, track
 from tests.unit.modules.models import (
@@ -143,7 +143,7 @@ def test_a_forward_that_raises_leaves_no_hooks_pushed() -> None:
     with pytest.raises(RuntimeError):
         model(torch.randn(2, 15))  # wrong width: fails inside blocks.0
     assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
-    assert handle._stack == [] and handle._depth == 0
+    assert handle.forward.idle
     model(torch.randn(2, 16))
     assert totals(handle)["activation"] > 0
 
@@ -195,7 +195,7 @@ def test_remove_from_another_thread_during_the_record_decision_leaves_nothing_pu
     # then pushed a saved-tensor pair that nothing popped.
     model = Deep(2)
     handle = track(model)
-    recount = handle._refresh_params
+    recount = handle.counts.refresh_params
     remover = threading.Thread(target=handle.remove)
 
     def refresh() -> None:
@@ -203,7 +203,7 @@ def test_remove_from_another_thread_during_the_record_decision_leaves_nothing_pu
         remover.join(0.5)  # it waits for the decision to be made (before the fix: it ran now)
         recount()
 
-    handle._refresh_params = refresh  # type: ignore[method-assign]
+    handle.counts.refresh_params = refresh  # type: ignore[method-assign]
     model(torch.randn(2, 5, 16)).sum().backward()
     remover.join(10)
     assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from memexporter.tracking import gradients as tracking_optimizer
 from memexporter.tracking import ledger
 from memexporter.tracking import modules as tracking_modules
-from memexporter.tracking import optimizer as tracking_optimizer
 from memexporter.tracking.modules import active_handles, hook_errors, inner_optimizer, track
 from tests.unit.modules.models import Deep, all_hooks, totals, unique_param_bytes
 

@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from memexporter.tracking import optimizer as tracking_optimizer
+from memexporter.tracking import gradients as tracking_optimizer
 from memexporter.tracking.modules import hook_errors, track
 from memexporter.tracking.snapshots import fold
 from tests.unit.modules.models import Deep, unique_param_bytes

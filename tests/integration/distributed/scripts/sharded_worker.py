@@ -31,8 +31,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
 import memexporter
-import memexporter.tracking.hooks as mx_hooks
-import memexporter.tracking.optimizer as mx_optimizer
+import memexporter.tracking.errors as mx_errors
+import memexporter.tracking.gradients as mx_optimizer
 import memexporter.tracking.schedule as mx_schedule
 
 STEPS = 3
@@ -203,7 +203,7 @@ class Run:
             "after": after,
             "steps_taken": steps,
             "expected": expected(inner, opt),
-            "hook_errors_fn": mx_hooks.hook_errors(),
+            "hook_errors_fn": mx_errors.hook_errors(),
             **(extra or {}),
         }
         handle.remove()

@@ -1,57 +1,52 @@
-"""Optimizer-step hooks of a tracked model, on the training thread: gradient and state bytes.
+"""Gradient and optimizer-state bytes of a tracked model, counted at its optimizer steps.
 
-``StepHooks`` holds the step post-hook methods ``TrackHandle`` (tracking/modules.py) registers:
-one per given optimizer, or the global one that keeps the optimizers holding this model's
-parameters, and the unwrapping of framework optimizers (``inner_optimizer``). A step recounts ``.grad`` and optimizer-state bytes (``ledger.count_step``) and, like
-each recorded forward, parameter bytes if a storage moved. Failures go to ``hook_errors()``.
+A ``GradientCounter`` is one part of a ``TrackHandle`` (``modules.py``): it owns the optimizer
+step post-hooks (one per given optimizer, or the global one that keeps the optimizers holding this
+model's parameters) and publishes through the handle's ``counts.ModelCounts``. A step recounts
+``.grad`` and optimizer-state bytes (``ledger.count_step``) and, like each recorded forward,
+parameter bytes if a storage moved. Also here: the unwrapping of framework optimizers
+(``inner_optimizer``). Failures go to ``hook_errors()``.
+
+"Step" here is always an optimizer step; the training-step peaks are ``steps.py``'s.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from torch.optim import Optimizer
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.hooks import RemovableHandle
 
 from memexporter.tracking import ledger
+from memexporter.tracking.counts import ModelCounts
 from memexporter.tracking.errors import count_failure
-from memexporter.tracking.ledger import ParamCount
-from memexporter.tracking.plan import Plan
-from memexporter.tracking.snapshots import Snapshot
+
+__all__ = ["STEP_COUNT_INTERVAL_S", "GradientCounter", "inner_optimizer", "optimizers"]
 
 STEP_COUNT_INTERVAL_S = 1.0
 """Gradient and optimizer-state bytes are recounted at an optimizer step at most this often."""
 
 
-class StepHooks:
-    """The optimizer step post-hooks of a ``TrackHandle``, and the parameter recount they share."""
+class GradientCounter:
+    """The optimizer step post-hooks of one tracked model, and the per-optimizer counts they keep."""
 
-    # Set up by TrackHandle.__init__ (only annotated here, for the type checker).
-    _plan: Plan
-    _pid: int
-    _params: ParamCount
-    _fingerprint: tuple[tuple[int, int], ...]
-    _snap: Snapshot
-    _write: threading.Lock
-    _opt_state: weakref.WeakKeyDictionary[Optimizer, tuple[int, ...]]
-    _counted: weakref.WeakKeyDictionary[Optimizer, float]
-    _holds: weakref.WeakKeyDictionary[Optimizer, tuple[int, bool]]
-    _heal: Callable[[], None]  # ForwardHooks
+    def __init__(self, counts: ModelCounts, end_pass: Callable[[], None]) -> None:
+        """``end_pass``: the forward recorder's, called at each step over the model."""
+        self._counts, self._end_pass = counts, end_pass
+        self._state: weakref.WeakKeyDictionary[Optimizer, tuple[int, ...]] = weakref.WeakKeyDictionary()
+        self._counted: weakref.WeakKeyDictionary[Optimizer, float] = weakref.WeakKeyDictionary()  # monotonic s
+        self._holds: weakref.WeakKeyDictionary[Optimizer, tuple[int, bool]] = weakref.WeakKeyDictionary()
 
-    def _refresh_params(self) -> None:
-        """Recount parameter bytes if any parameter or buffer moved (``.to()``, ``.half()``) or was
-        replaced (``fully_shard`` after ``track()``)."""
-        fp = self._plan.fingerprint()
-        if fp != self._fingerprint:
-            self._params = ledger.count_params(self._plan)
-            self._fingerprint = fp
-            with self._write:
-                self._snap = replace(self._snap, parameter=self._params.bytes, unsharded=self._params.unsharded)
+    def attach(self, optimizers: list[Optimizer] | None) -> list[RemovableHandle]:
+        """Hook ``optimizers``' steps, or every optimizer's (the global hook) when ``None``."""
+        if optimizers is None:
+            return [register_optimizer_step_post_hook(self._on_any_step)]
+        return [o.register_step_post_hook(self._on_step) for o in optimizers]
 
     def _on_any_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         # The global hook sees every optimizer: keep those that hold this model's parameters.
@@ -59,7 +54,7 @@ class StepHooks:
             groups = len(optimizer.param_groups)
             known = self._holds.get(optimizer)
             if known is None or known[0] != groups:
-                ids = self._params.param_ids
+                ids = self._counts.params.param_ids
                 known = (groups, any(id(p) in ids for g in optimizer.param_groups for p in g["params"]))
                 self._holds[optimizer] = known
         except Exception:
@@ -70,21 +65,20 @@ class StepHooks:
 
     def _on_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         try:
-            if os.getpid() != self._pid:
+            if os.getpid() != self._counts.pid:
                 return
-            self._heal()  # the pass is over (and a forward interrupted by Ctrl-C is closed)
+            self._end_pass()  # the pass is over (and a forward interrupted by Ctrl-C is closed)
             # Counting touches every .grad and state tensor (~2 us per parameter): do it at the
             # first step of each optimizer, then at most every STEP_COUNT_INTERVAL_S seconds.
             now = time.monotonic()
             if now - self._counted.get(optimizer, -1e18) < STEP_COUNT_INTERVAL_S:
                 return
             self._counted[optimizer] = now
-            self._refresh_params()
-            grads, state = ledger.count_step(self._plan, optimizer)
-            self._opt_state[optimizer] = state  # several optimizers on one model add up
-            total = tuple(sum(col) for col in zip(*self._opt_state.values(), strict=True))
-            with self._write:
-                self._snap = replace(self._snap, gradient=grads, optimizer_state=total)
+            self._counts.refresh_params()
+            grads, state = ledger.count_step(self._counts.plan, optimizer)
+            self._state[optimizer] = state  # several optimizers on one model add up
+            total = tuple(sum(col) for col in zip(*self._state.values(), strict=True))
+            self._counts.publish_step(grads, total)
         except Exception:
             count_failure("optimizer step hook")
 

@@ -1,7 +1,8 @@
 """Forward-side hooks of a tracked model, on the training thread: entries, rows, saved tensors.
 
-``ForwardHooks`` holds the hook methods ``TrackHandle`` (tracking/modules.py) registers; the handle
-owns the state they use and sets it up. What a forward costs is kept small on purpose:
+A ``ForwardRecorder`` is one part of a ``TrackHandle`` (``modules.py``): it owns the hooks on the
+model's forward and their state, and publishes activation bytes through the handle's
+``counts.ModelCounts``. What a forward costs is kept small on purpose:
 
 - **Permanent hooks sit on the entries only**: the root, and until the root is seen running a
   grad-enabled forward, its top-level hooked children (a ``LightningModule`` whose
@@ -24,7 +25,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -33,14 +33,12 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.hooks import RemovableHandle
 
-from memexporter.tracking import saved
-from memexporter.tracking.errors import count_failure, hook_errors
-from memexporter.tracking.ledger import ParamCount
-from memexporter.tracking.plan import Plan
+from memexporter.tracking import phases, saved
+from memexporter.tracking.counts import ModelCounts
+from memexporter.tracking.errors import count_failure
 from memexporter.tracking.schedule import Schedule
-from memexporter.tracking.snapshots import Snapshot
 
-__all__ = ["ForwardHooks", "hook_errors"]
+__all__ = ["ForwardRecorder", "backend_allocated"]
 
 log = logging.getLogger("memexporter")
 
@@ -50,36 +48,85 @@ _graph_task = torch._C._current_graph_task_id  # -1 outside backward
 _eager = cast(Callable[[Callable[..., None]], Callable[..., None]], torch.compiler.disable)
 
 
-class ForwardHooks:
-    """The entry hooks, row hooks and saved-tensor pack hook of a ``TrackHandle``."""
+class ForwardRecorder:
+    """The entry hooks, row hooks and saved-tensor pair of one tracked model, and their state.
 
-    # Set up by TrackHandle.__init__ (only annotated here, for the type checker).
-    _plan: Plan
-    _pid: int
-    _params: ParamCount
-    _snap: Snapshot
-    _write: threading.Lock
-    _stack: list[int]
-    _depth: int
-    _ctx: saved_tensors_hooks | None
-    _acc: list[int]
-    _seen: set[int]
-    _schedule: Schedule  # which passes are recorded
-    _life: threading.Lock  # the record decision against remove() from another thread
-    _entry: int  # row of the entry being recorded
-    _root_seen: bool
-    _entry_hooks: list[RemovableHandle]  # the top-level children's, until the root is seen
-    _rows_on: list[tuple[nn.Module, int]]  # (module, hook key) of the row hooks, while recording
-    _row_fns: list[tuple[nn.Module, Callable[..., None], Callable[..., None]]] | None  # built once
-    _allocated: Callable[[], int] | None
-    _dacc: list[int] | None
-    _before: list[int]
-    _deltas: Mapping[str, int]
-    _removed: bool
-    _forward_begin: Callable[[], None]  # phases.forward_begin: the automatic "forward" phase
-    _forward_end: Callable[[bool], None]  # phases.forward_end: also a step-peak sample
-    _finish_remove: Callable[[], None]  # TrackHandle
-    _refresh_params: Callable[[], None]  # StepHooks._refresh_params
+    Lifecycle: ``attach()`` once; ``end_pass()`` at each optimizer step over the model; ``close()``
+    then ``detach()`` on removal. Every method runs on a training thread except ``close()``.
+    """
+
+    def __init__(
+        self, counts: ModelCounts, *, compiled: bool, allocated: Callable[[], int] | None, finish: Callable[[], None]
+    ) -> None:
+        """``compiled``: the root is a ``torch.compile`` wrapper (its children are traced, never
+        entries). ``allocated``: a reading of allocated bytes for ``cuda_forward_delta``, or None.
+        ``finish``: the handle's own removal, called by the first pre-hook after ``close()``."""
+        self._counts, self._plan, self._finish = counts, counts.plan, finish
+        self._compiled = compiled
+        self._stack: list[int] = []  # rows of the modules running now, innermost last (recorded forwards)
+        self._depth = 0  # nesting of entry forwards
+        self._ctx: saved_tensors_hooks | None = None  # our pair, while a recorded forward runs
+        self._acc: list[int] = []  # activation bytes per row, of the forward being recorded
+        self._seen: set[int] = set()  # storages already counted in it (parameters from the start)
+        self._schedule = Schedule()  # which passes are recorded
+        self._life = threading.Lock()  # the record decision against close() from another thread
+        self._entry = 0  # row of the entry being recorded
+        self._root_seen = compiled  # until then, the top-level children are entries too
+        self._root_hooks: list[RemovableHandle] = []
+        self._entry_hooks: list[RemovableHandle] = []  # the top-level children's, until the root is seen
+        self._rows_on: list[tuple[nn.Module, int]] = []  # (module, hook key) of the row hooks, while recording
+        self._row_fns: list[tuple[nn.Module, Callable[..., None], Callable[..., None]]] | None = None  # built once
+        self._allocated = allocated
+        self._dacc: list[int] | None = None  # forward deltas of the recorded forward
+        self._before: list[int] = []
+        self._deltas: Mapping[str, int] = MappingProxyType({})
+        self.removed = False
+        # Bound once: the automatic "forward" phase, and a step-peak sample at each forward's end.
+        self._forward_begin: Callable[[], None] = phases.forward_begin
+        self._forward_end: Callable[[bool], None] = phases.forward_end
+
+    def attach(self, model: nn.Module) -> None:
+        """Hook the entries: the root first (its hooks run eagerly, also under ``model.compile()``),
+        then its top-level hooked children. A failure leaves what was hooked to ``detach()``."""
+        pre, post = self._entry_hooks_for(0)
+        self._root_hooks.append(model.register_forward_pre_hook(pre, prepend=True))
+        self._root_hooks.append(model.register_forward_hook(post, always_call=True))
+        # Under torch.compile(model) Dynamo traces the inner modules: hooks there would run at
+        # trace time, not interleaved with the saves, so activations go to the root row instead.
+        for m, row in [] if self._compiled else self._plan.entries:
+            pre, post = self._entry_hooks_for(row)
+            self._entry_hooks.append(m.register_forward_pre_hook(pre))
+            self._entry_hooks.append(m.register_forward_hook(post, always_call=True))
+
+    def close(self) -> bool:
+        """Stop recording, for ``TrackHandle.remove()``. ``False`` when a forward is being recorded
+        on another thread: only that thread can pop its saved-tensor pair, and removing a module's
+        hooks while it runs would change the dicts torch is iterating, so that forward's end pops
+        the pair and the next pre-hook takes the hooks off (``finish``)."""
+        with self._life:  # not between another thread's decision to record and its _begin()
+            self.removed = True
+            ctx = self._ctx
+            if ctx is not None:
+                if not saved.on_top(ctx):
+                    return False
+                self._ctx = None  # mid-forward, on this thread
+                ctx.__exit__(None, None, None)
+        return True
+
+    def detach(self) -> None:
+        """Take every forward hook off. Idempotent."""
+        for handles in (self._root_hooks, self._entry_hooks):
+            self._detach(handles)
+        self._detach_rows()
+
+    def deltas(self) -> dict[str, int]:
+        """``{module label: bytes}`` of the last recorded forward (``TrackHandle.forward_deltas``)."""
+        return dict(self._deltas)
+
+    @property
+    def idle(self) -> bool:
+        """No forward of the model is running or being recorded (what a finished pass leaves)."""
+        return self._depth == 0 and self._ctx is None and not self._stack and not self._rows_on
 
     def _entry_hooks_for(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
         def pre(m: nn.Module, args: Any) -> None:
@@ -91,8 +138,8 @@ class ForwardHooks:
         return _eager(pre), _eager(post)
 
     def _enter(self, row: int) -> None:
-        if self._removed:  # removed while a forward ran, or from another thread: finish here, in a
-            self._finish_remove()  # pre-hook (torch iterates a copy of the pre-hooks)
+        if self.removed:  # removed while a forward ran, or from another thread: finish here, in a
+            self._finish()  # pre-hook (torch iterates a copy of the pre-hooks)
             return
         self._depth += 1
         try:
@@ -102,13 +149,13 @@ class ForwardHooks:
                 return
             # A checkpoint recompute runs inside backward (a graph task is running): it is not a
             # new forward. Only a grad-enabled forward on the owning process records.
-            if _graph_task() != -1 or os.getpid() != self._pid:
+            if _graph_task() != -1 or os.getpid() != self._counts.pid:
                 return
             self._forward_begin()
             if not (torch.is_grad_enabled() and _hooks_enabled()):
                 return
             with self._life:
-                if self._removed:
+                if self.removed:
                     return
                 if row == 0 and not self._root_seen:  # the root is called: children need no entry hooks
                     self._root_seen = True
@@ -117,9 +164,9 @@ class ForwardHooks:
                 if not record:
                     return
                 if fresh:
-                    self._acc = [0] * len(self._snap.layout.names)
-                    self._refresh_params()
-                    self._seen = set(self._params.exclude)
+                    self._counts.refresh_params()
+                    self._acc = [0] * len(self._counts.snapshot.layout.names)
+                    self._seen = set(self._counts.params.exclude)
                 self._begin(row)
         except Exception:
             count_failure("forward pre-hook")
@@ -141,9 +188,10 @@ class ForwardHooks:
         except Exception:
             count_failure("forward hook")
 
-    def _heal(self) -> None:
-        """At an optimizer step, no forward of the model runs: close a recording that a
-        ``KeyboardInterrupt`` inside a forward left open (torch skips ``always_call`` hooks for it)."""
+    def end_pass(self) -> None:
+        """An optimizer step over the model ended the pass. No forward of the model runs then:
+        close a recording that a ``KeyboardInterrupt`` inside a forward left open (torch skips
+        ``always_call`` hooks for it)."""
         self._schedule.step()
         if self._depth or self._ctx is not None:
             ctx, self._ctx = self._ctx, None
@@ -233,13 +281,26 @@ class ForwardHooks:
         if ctx is None:
             raise RuntimeError("no recorded forward to end")
         saved.pop(ctx)
-        if self._removed:
+        if self.removed:
             return
-        with self._write:
-            self._snap = replace(self._snap, activation=tuple(self._acc))
+        self._counts.publish_activation(tuple(self._acc))
         dacc, self._dacc = self._dacc, None
         if dacc is not None and self._allocated is not None and self._before:
             dacc[self._entry] = self._allocated() - self._before.pop()
-            names = self._snap.layout.names
+            names = self._counts.snapshot.layout.names
             rows = [0] + [row for _, row in self._plan.hooked]
             self._deltas = MappingProxyType({names[r]: dacc[r] for r in rows})
+
+
+def backend_allocated(counts: ModelCounts) -> Callable[[], int]:
+    """Allocated bytes on the CUDA device of the model's parameters (0 while it has none), read
+    from the backend: ``backends/cuda.py`` is the only module that touches ``torch.cuda``."""
+    from memexporter.backends.cuda import TorchBackend
+
+    backend = TorchBackend()
+
+    def allocated() -> int:
+        index = counts.params.cuda_index
+        return 0 if index is None else backend.allocated(index)[0]
+
+    return allocated
