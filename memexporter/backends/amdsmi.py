@@ -5,6 +5,7 @@ is the driver's view NVML gives on NVIDIA: the card's VRAM total and use, its id
 process's VRAM as the driver counts it. Lazy and optional like NVML: ``amdsmi`` is imported and
 initialised on the first scrape that needs it, and its absence (the package, or ``libamd_smi.so``,
 whose absence makes the import itself fail) means no ``memexporter_device_*`` series, said once.
+Every call goes through one ``gateway.DriverLibrary``, as NVML's does.
 
 amdsmi enumerates every GPU and ignores ``HIP_VISIBLE_DEVICES``, so devices are matched by identity,
 never by index. On ROCm torch's UUID holds the ASCII of the KFD unique id (``GPU-`` stripped;
@@ -16,15 +17,14 @@ without a unique id (``GPU-XX``: many consumer and APU parts) cannot be matched:
 
 from __future__ import annotations
 
-import logging
-import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from memexporter.backends.base import DeviceMemory, LogOnce, ProcessMemory
+from memexporter.backends.base import DeviceIdentity, DeviceMemory, ProcessMemory
+from memexporter.backends.gateway import DriverLibrary
 
-log = logging.getLogger("memexporter")
+__all__ = ["AmdSmiBackend", "unique_id"]
 
 
 def unique_id(torch_uuid: str) -> str | None:
@@ -44,121 +44,75 @@ def _plain(text: object) -> str:
 @dataclass(frozen=True)
 class _Device:
     handle: Any
-    identity: DeviceMemory  # sizes zero: filled per scrape
+    identity: DeviceIdentity
+
+
+def _load() -> ModuleType:
+    import amdsmi  # without libamd_smi.so the import itself fails (OSError, KeyError)
+
+    amdsmi.amdsmi_init()
+    lib: ModuleType = amdsmi  # untyped: the package ships no stubs
+    return lib
 
 
 class AmdSmiBackend:
     """Lazy, failure-tolerant amdsmi access (a ``DriverSource``). Sizes in bytes."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lib: ModuleType | None = None
-        self._tried = False
-        self._devices: dict[str, _Device | None] = {}  # torch's UUID -> the amdsmi device, or None
-        self._log = LogOnce()
-
-    def _amdsmi(self) -> ModuleType | None:
-        with self._lock:
-            if not self._tried:
-                self._tried = True
-                try:
-                    import amdsmi
-
-                    amdsmi.amdsmi_init()
-                    self._lib = amdsmi
-                except Exception as exc:  # ImportError, OSError/KeyError without libamd_smi.so, AmdSmiLibraryException
-                    log.info(
-                        "memexporter: amdsmi unavailable (%s); no memexporter_device_* series "
-                        "(pip install memexporter[amdsmi] brings it; it needs ROCm's libamd_smi.so)",
-                        exc,
-                    )
-            return self._lib
+        self._smi: DriverLibrary[_Device] = DriverLibrary(
+            "amdsmi",
+            _load,
+            missing=(
+                "no memexporter_device_* series "
+                "(pip install memexporter[amdsmi] brings it; it needs ROCm's libamd_smi.so)"
+            ),
+            not_available="N/A",
+        )
 
     def memory(self, uuid: str, index: int | None = None) -> DeviceMemory | None:
         """VRAM total and use of the card torch calls ``uuid``; ``None`` if amdsmi cannot say."""
-        smi = self._amdsmi()
-        device = self._device(smi, uuid) if smi is not None else None
-        if smi is None or device is None:
+        device = self._device(uuid)
+        if device is None:
             return None
-        try:
-            total = int(smi.amdsmi_get_gpu_memory_total(device.handle, smi.AmdSmiMemoryType.VRAM))
-            used = int(smi.amdsmi_get_gpu_memory_usage(device.handle, smi.AmdSmiMemoryType.VRAM))
-        except Exception as exc:
-            self._log.warning(
-                f"memory:{uuid}", "memexporter: amdsmi cannot read the VRAM of %s (%s)", device.identity.uuid, exc
-            )
+        sizes = self._smi.query(
+            f"memory:{uuid}",
+            f"read the VRAM of {device.identity.uuid}",
+            lambda smi: (
+                int(smi.amdsmi_get_gpu_memory_total(device.handle, smi.AmdSmiMemoryType.VRAM)),
+                int(smi.amdsmi_get_gpu_memory_usage(device.handle, smi.AmdSmiMemoryType.VRAM)),
+            ),
+        )
+        if sizes is None:
             return None
-        d = device.identity
-        return DeviceMemory(d.uuid, d.name, total, used, max(0, total - used), d.pci_bus_id, d.gpu_uuid, vendor="amd")
+        total, used = sizes
+        return device.identity.with_memory(total, used, max(0, total - used))
 
     def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None:
         """Process ``pid``'s VRAM on the card (``memory_usage.vram_mem`` of its entry in
         ``amdsmi_get_gpu_process_list``); ``None`` without amdsmi or the card."""
-        smi = self._amdsmi()
-        device = self._device(smi, uuid) if smi is not None else None
-        if smi is None or device is None:
-            return None
-        name = device.identity.uuid
-        try:
-            listed = [self._entry(smi, device.handle, p) for p in smi.amdsmi_get_gpu_process_list(device.handle)]
-        except Exception as exc:
-            self._log.warning(
-                f"processes:{uuid}",
-                "memexporter: amdsmi cannot list the processes on %s (%s): no "
-                "memexporter_device_process_used_bytes or _non_allocator_bytes for it",
-                name,
-                exc,
-            )
-            return ProcessMemory(None, "error")
-        mine = [p for p in listed if _int(p.get("pid")) == pid]
-        if not mine:
-            self._log.warning(
-                f"hidden:{uuid}",
-                "memexporter: amdsmi lists %d process(es) on %s, none with this "
-                "process's PID %d: a container's PID namespace hides it from the driver (run with the "
-                "host's PID namespace to measure it). memexporter_device_process_used_bytes is NaN, "
-                "_non_allocator_bytes absent",
-                len(listed),
-                name,
-                pid,
-            )
-            return ProcessMemory(None, "hidden")
-        vram = [_int((p.get("memory_usage") or {}).get("vram_mem")) for p in mine]
-        if any(v is None for v in vram):
-            self._log.warning(
-                f"na:{uuid}",
-                "memexporter: amdsmi lists this process on %s without its VRAM (N/A): "
-                "memexporter_device_process_used_bytes is NaN",
-                name,
-            )
-            return ProcessMemory(None, "not_available")
-        return ProcessMemory(sum(v for v in vram if v is not None))
-
-    @staticmethod
-    def _entry(smi: ModuleType, handle: Any, item: Any) -> dict[str, Any]:
-        # amdsmi before c551c3ca (ROCm 6.0/6.1) listed process handles, read one by one.
-        return item if isinstance(item, dict) else dict(smi.amdsmi_get_gpu_process_info(handle, item))
-
-    def _device(self, smi: ModuleType, uuid: str) -> _Device | None:
-        with self._lock:
-            if uuid in self._devices:
-                return self._devices[uuid]
-        try:
-            device = self._find(smi, uuid)
-        except Exception as exc:  # a library error, not an answer: try again next scrape
-            self._log.warning(f"find:{uuid}", "memexporter: amdsmi lookup of device %s failed (%s)", uuid, exc)
-            return None
+        device = self._device(uuid)
         if device is None:
-            self._log.warning(
-                f"find:{uuid}",
-                "memexporter: no amdsmi GPU matches torch's device %s (by ASIC serial "
-                "or UUID; a card without a unique id cannot be matched): no memexporter_device_* "
-                "series for it",
-                uuid,
-            )
-        with self._lock:
-            self._devices[uuid] = device
-        return device
+            return None
+        listed = self._smi.query(
+            f"processes:{uuid}",
+            f"list the processes on {device.identity.uuid}",
+            lambda smi: [
+                (_int(e.get("pid")), _int((e.get("memory_usage") or {}).get("vram_mem")))
+                for e in (_entry(smi, device.handle, p) for p in smi.amdsmi_get_gpu_process_list(device.handle))
+            ],
+            costs=": no memexporter_device_process_used_bytes or _non_allocator_bytes for it",
+        )
+        if listed is None:
+            return ProcessMemory(None, "error")
+        return self._smi.own_share(uuid, device.identity.uuid, listed, pid)
+
+    def _device(self, uuid: str) -> _Device | None:
+        return self._smi.device(
+            uuid,
+            lambda smi: self._find(smi, uuid),
+            f"no amdsmi GPU matches torch's device {uuid} (by ASIC serial or UUID; a card without a "
+            "unique id cannot be matched): no memexporter_device_* series for it",
+        )
 
     def _find(self, smi: ModuleType, uuid: str) -> _Device | None:
         wanted = unique_id(uuid)
@@ -167,17 +121,22 @@ class AmdSmiBackend:
             amd_uuid = str(smi.amdsmi_get_gpu_device_uuid(handle))
             names = {_plain(asic.get("asic_serial", "")), _plain(amd_uuid)}
             if (wanted is not None and wanted in names) or _plain(uuid) in names:
-                return _Device(handle, self._describe(smi, handle, asic, amd_uuid))
+                return _Device(handle, self._describe(handle, asic, amd_uuid))
         return None
 
-    def _describe(self, smi: ModuleType, handle: Any, asic: dict[str, Any], amd_uuid: str) -> DeviceMemory:
-        try:
-            bdf = str(smi.amdsmi_get_gpu_device_bdf(handle))
-        except Exception as exc:
-            self._log.warning(f"bdf:{amd_uuid}", "memexporter: amdsmi has no PCI address for %s (%s)", amd_uuid, exc)
-            bdf = ""
+    def _describe(self, handle: Any, asic: dict[str, Any], amd_uuid: str) -> DeviceIdentity:
+        bdf = self._smi.query(
+            f"bdf:{amd_uuid}",
+            f"give the PCI address of {amd_uuid}",
+            lambda smi: str(smi.amdsmi_get_gpu_device_bdf(handle)),
+        )
         name = str(asic.get("market_name") or "")
-        return DeviceMemory(amd_uuid, "" if name == "N/A" else name, 0, 0, 0, bdf, amd_uuid, vendor="amd")
+        return DeviceIdentity(amd_uuid, "" if name == "N/A" else name, bdf or "", amd_uuid, vendor="amd")
+
+
+def _entry(smi: ModuleType, handle: Any, item: Any) -> dict[str, Any]:
+    # amdsmi before c551c3ca (ROCm 6.0/6.1) listed process handles, read one by one.
+    return item if isinstance(item, dict) else dict(smi.amdsmi_get_gpu_process_info(handle, item))
 
 
 def _int(value: object) -> int | None:

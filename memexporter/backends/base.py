@@ -62,6 +62,25 @@ class DeviceMemory:
 
 
 @dataclass(frozen=True)
+class DeviceIdentity:
+    """What a device is, as its driver library names it, looked up once per device (the fields
+    are ``DeviceMemory``'s, without the sizes, which are read at every scrape)."""
+
+    uuid: str
+    name: str
+    pci_bus_id: str = ""
+    gpu_uuid: str = ""
+    gpu_instance_id: str = ""
+    vendor: str = "nvidia"
+
+    def with_memory(self, total: int, used: int, free: int) -> DeviceMemory:
+        """This device's ``DeviceMemory`` with the sizes just read (bytes)."""
+        return DeviceMemory(
+            self.uuid, self.name, total, used, free, self.pci_bus_id, self.gpu_uuid, self.gpu_instance_id, self.vendor
+        )
+
+
+@dataclass(frozen=True)
 class ProcessMemory:
     """This process's memory on one device as the driver counts it (NVML's
     ``nvmlDeviceGetComputeRunningProcesses``, amdsmi's process list): everything the process

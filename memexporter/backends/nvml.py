@@ -1,7 +1,8 @@
 """NVML device memory: the only module that imports ``pynvml`` (package ``nvidia-ml-py``).
 
-NVML is initialised lazily, once, behind a lock, and never creates a CUDA context. Every query
-answers ``None`` instead of raising: no NVML (a CPU box, a container without the driver library,
+Every call goes through one ``gateway.DriverLibrary``: NVML is initialised lazily, once, behind a
+lock, and never creates a CUDA context; every query answers ``None`` instead of raising, and says
+the first failure of each kind once. No NVML (a CPU box, a container without the driver library,
 ``pip install memexporter`` without the ``[nvml]`` extra) means no device series, not a failing
 collector. NVML enumerates physical GPUs and ignores ``CUDA_VISIBLE_DEVICES``, so devices are
 matched by UUID, never by index.
@@ -13,21 +14,28 @@ What a device is (UUID, name, PCI bus id, MIG parent) is looked up once; its mem
 
 from __future__ import annotations
 
-import logging
-import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from memexporter.backends.base import DeviceMemory, LogOnce, ProcessMemory
+from memexporter.backends.base import DeviceIdentity, DeviceMemory, ProcessMemory
+from memexporter.backends.gateway import DriverLibrary
 
-log = logging.getLogger("memexporter")
+__all__ = ["NvmlBackend"]
 
 
 @dataclass(frozen=True)
 class _Device:
     handle: Any
-    identity: DeviceMemory  # sizes zero: filled per scrape
+    identity: DeviceIdentity
+
+
+def _load() -> ModuleType:
+    import pynvml
+
+    pynvml.nvmlInit()
+    lib: ModuleType = pynvml  # untyped: the package ships no stubs
+    return lib
 
 
 def _text(value: object) -> str:
@@ -48,119 +56,62 @@ def _not_found(nvml: ModuleType, exc: Exception) -> bool:
 
 
 class NvmlBackend:
-    """Lazy, failure-tolerant NVML access."""
+    """Lazy, failure-tolerant NVML access (a ``DriverSource``). Sizes in bytes."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._nvml: ModuleType | None = None
-        self._tried = False
-        self._devices: dict[str, _Device | None] = {}  # torch's UUID -> the NVML device, or None: not there
-        self._log = LogOnce()
-
-    def _lib(self) -> ModuleType | None:
-        with self._lock:
-            if not self._tried:
-                self._tried = True
-                try:
-                    import pynvml
-
-                    pynvml.nvmlInit()
-                    self._nvml = pynvml
-                except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver mismatch...
-                    log.info(
-                        "memexporter: NVML unavailable (%s); no memexporter_device_* series "
-                        "(pip install memexporter[nvml] brings nvidia-ml-py)",
-                        exc,
-                    )
-            return self._nvml
+        self._nvml: DriverLibrary[_Device] = DriverLibrary(
+            "NVML",
+            _load,
+            missing="no memexporter_device_* series (pip install memexporter[nvml] brings nvidia-ml-py)",
+            not_available="NVML_VALUE_NOT_AVAILABLE",
+        )
 
     def memory(self, uuid: str, index: int | None = None) -> DeviceMemory | None:
         """Identity and memory of the device torch calls ``uuid``, or ``None`` if NVML cannot say.
         ``index`` (torch's ordinal) is not used: NVML numbers the physical GPUs its own way."""
-        nvml = self._lib()
-        if nvml is None:
-            return None
-        device = self._device(nvml, uuid)
+        device = self._device(uuid)
         if device is None:
             return None
-        try:
-            info = nvml.nvmlDeviceGetMemoryInfo(device.handle)
-        except Exception as exc:
-            self._log.warning(
-                f"memory:{uuid}", "memexporter: NVML cannot read the memory of %s (%s)", device.identity.uuid, exc
-            )
-            return None
-        d = device.identity
-        return DeviceMemory(
-            d.uuid, d.name, int(info.total), int(info.used), int(info.free), d.pci_bus_id, d.gpu_uuid, d.gpu_instance_id
+        info = self._nvml.query(
+            f"memory:{uuid}",
+            f"read the memory of {device.identity.uuid}",
+            lambda nvml: nvml.nvmlDeviceGetMemoryInfo(device.handle),
         )
+        return None if info is None else device.identity.with_memory(int(info.total), int(info.used), int(info.free))
 
     def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None:
         """Process ``pid``'s memory on the device torch calls ``uuid``; ``None`` without NVML or
         the device. One ``nvmlDeviceGetComputeRunningProcesses`` call (the driver's list, no
         context, no sync)."""
-        nvml = self._lib()
-        device = self._device(nvml, uuid) if nvml is not None else None
-        if nvml is None or device is None:
+        device = self._device(uuid)
+        if device is None:
             return None
-        name = device.identity.uuid
-        try:
-            listed = nvml.nvmlDeviceGetComputeRunningProcesses(device.handle)
-        except Exception as exc:  # NOT_SUPPORTED on some vGPU and older drivers
-            self._log.warning(
-                f"processes:{uuid}",
-                "memexporter: NVML cannot list the processes on %s (%s): no "
-                "memexporter_device_process_used_bytes or _non_allocator_bytes for it",
-                name,
-                exc,
-            )
-            return ProcessMemory(None, "error")
-        mine = [p for p in listed if int(p.pid) == pid]
-        if not mine:
-            self._log.warning(
-                f"hidden:{uuid}",
-                "memexporter: NVML lists %d process(es) on %s, none with this "
-                "process's PID %d: a container's PID namespace hides it from the driver (run with "
-                "the host's PID namespace: hostPID: true, docker --pid=host, to measure it). "
-                "memexporter_device_process_used_bytes is NaN, _non_allocator_bytes absent",
-                len(listed),
-                name,
-                pid,
-            )
-            return ProcessMemory(None, "hidden")
         # nvidia-ml-py turns NVML_VALUE_NOT_AVAILABLE into None; a process listed on several
         # compute instances of one MIG slice has one entry each.
-        used = [p.usedGpuMemory for p in mine]
-        if any(u is None for u in used):
-            self._log.warning(
-                f"na:{uuid}",
-                "memexporter: NVML lists this process on %s without its memory "
-                "(NVML_VALUE_NOT_AVAILABLE): memexporter_device_process_used_bytes is NaN",
-                name,
-            )
-            return ProcessMemory(None, "not_available")
-        return ProcessMemory(sum(int(u) for u in used))
+        listed = self._nvml.query(
+            f"processes:{uuid}",
+            f"list the processes on {device.identity.uuid}",  # NOT_SUPPORTED on some vGPU and older drivers
+            lambda nvml: [
+                (int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+                for p in nvml.nvmlDeviceGetComputeRunningProcesses(device.handle)
+            ],
+            costs=": no memexporter_device_process_used_bytes or _non_allocator_bytes for it",
+        )
+        if listed is None:
+            return ProcessMemory(None, "error")
+        return self._nvml.own_share(uuid, device.identity.uuid, listed, pid)
 
-    def _device(self, nvml: ModuleType, uuid: str) -> _Device | None:
-        with self._lock:
-            if uuid in self._devices:
-                return self._devices[uuid]
-        try:
-            handle = self._find(nvml, uuid)
-            device = _Device(handle, self._describe(nvml, handle)) if handle is not None else None
-        except Exception as exc:  # a driver error, not an answer: try again next scrape
-            self._log.warning(f"find:{uuid}", "memexporter: NVML lookup of device %s failed (%s)", uuid, exc)
-            return None
-        if device is None:
-            self._log.warning(
-                f"find:{uuid}",
-                "memexporter: no NVML device has UUID %s (tried GPU-/MIG- and NVML's "
-                "device list): no memexporter_device_* series for it",
-                uuid,
-            )
-        with self._lock:
-            self._devices[uuid] = device
-        return device
+    def _device(self, uuid: str) -> _Device | None:
+        return self._nvml.device(
+            uuid,
+            lambda nvml: self._lookup(nvml, uuid),
+            f"no NVML device has UUID {uuid} (tried GPU-/MIG- and NVML's device list): "
+            "no memexporter_device_* series for it",
+        )
+
+    def _lookup(self, nvml: ModuleType, uuid: str) -> _Device | None:
+        handle = self._find(nvml, uuid)
+        return None if handle is None else _Device(handle, self._describe(nvml, handle))
 
     def _find(self, nvml: ModuleType, uuid: str) -> Any:
         """NVML's handle for torch's ``uuid``, or ``None`` when no device has it."""
@@ -196,21 +147,25 @@ class NvmlBackend:
                     raise
         return out
 
-    def _describe(self, nvml: ModuleType, handle: Any) -> DeviceMemory:
-        """The device's identity; the optional parts (PCI, MIG parent) are empty when NVML cannot say."""
+    def _describe(self, nvml: ModuleType, handle: Any) -> DeviceIdentity:
+        """The device's identity; the optional parts (PCI, MIG parent) are empty when NVML cannot say.
+        Raises when even its UUID or name cannot be read (the lookup is tried again next scrape)."""
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         name = _text(nvml.nvmlDeviceGetName(handle))
-        gpu, gpu_uuid, instance = handle, uuid, ""
-        try:
-            if nvml.nvmlDeviceIsMigDeviceHandle(handle):
-                gpu = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
-                gpu_uuid = _text(nvml.nvmlDeviceGetUUID(gpu))
-                instance = str(int(nvml.nvmlDeviceGetGpuInstanceId(handle)))
-        except Exception as exc:  # NOT_SUPPORTED before MIG existed (drivers < R450)
-            self._log.warning(f"mig:{uuid}", "memexporter: NVML cannot tell whether %s is a MIG slice (%s)", uuid, exc)
-        try:
-            pci = _text(nvml.nvmlDeviceGetPciInfo(gpu).busId)
-        except Exception as exc:
-            self._log.warning(f"pci:{uuid}", "memexporter: NVML has no PCI bus id for %s (%s)", uuid, exc)
-            pci = ""
-        return DeviceMemory(uuid, name, 0, 0, 0, pci, gpu_uuid, instance)
+        # NOT_SUPPORTED before MIG existed (drivers < R450): a whole GPU, then.
+        gpu, gpu_uuid, instance = self._nvml.query(
+            f"mig:{uuid}", f"tell whether {uuid} is a MIG slice", lambda n: _mig_parent(n, handle, uuid)
+        ) or (handle, uuid, "")
+        pci = self._nvml.query(
+            f"pci:{uuid}", f"give the PCI bus id of {uuid}", lambda n: _text(n.nvmlDeviceGetPciInfo(gpu).busId)
+        )
+        return DeviceIdentity(uuid, name, pci or "", gpu_uuid, instance)
+
+
+def _mig_parent(nvml: ModuleType, handle: Any, uuid: str) -> tuple[Any, str, str]:
+    """``(the physical GPU's handle, its UUID, the GPU instance id)`` of a MIG slice; of a whole
+    GPU, its own handle and UUID and no instance id (dcgm-exporter's ``UUID`` and ``GPU_I_ID``)."""
+    if not nvml.nvmlDeviceIsMigDeviceHandle(handle):
+        return handle, uuid, ""
+    gpu = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+    return gpu, _text(nvml.nvmlDeviceGetUUID(gpu)), str(int(nvml.nvmlDeviceGetGpuInstanceId(handle)))
