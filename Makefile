@@ -1,5 +1,5 @@
 # Shortcuts; the scripts are the source of truth (a fresh machine may not have make).
-.PHONY: demo test lint format bench bench-scale rules scenarios dashboards gpu-check kubernetes docs screenshots
+.PHONY: demo test lint format bench bench-scale generate check-generated rules scenarios dashboards gpu-check kubernetes docs screenshots
 demo:
 	scripts/demo.sh
 test:
@@ -19,18 +19,22 @@ bench-scale:
 	mkdir -p build
 	.venv/bin/python benchmarks/bench_scale.py --before --json build/bench-scale-before.json --markdown build/bench-scale-before.md
 	.venv/bin/python benchmarks/bench_scale.py --json build/bench-scale-after.json --markdown build/bench-scale-after.md
+# Every file generated from a source of truth (memexporter/cli/generate.py's table), or one family.
+generate:
+	.venv/bin/python -m memexporter.cli.generate
+check-generated:
+	.venv/bin/python -m memexporter.cli.generate --check
 rules:
-	.venv/bin/python -m memexporter rules --output alerts/memexporter.rules.yml
+	.venv/bin/python -m memexporter.cli.generate rules
 scenarios:
 	.venv/bin/python -m tests.support.scenarios
 dashboards:
-	.venv/bin/python -m memexporter.dashboards
+	.venv/bin/python -m memexporter.cli.generate dashboards
 kubernetes:
-	.venv/bin/python -m memexporter rules --format prometheusrule --output deploy/kubernetes/prometheusrule.yaml
-	.venv/bin/python -m memexporter dashboards --format configmap --output deploy/kubernetes/dashboards.yaml
+	.venv/bin/python -m memexporter.cli.generate kubernetes
 # The tables in docs/ from their sources, then the site in strict mode (into build/site).
 docs:
-	.venv/bin/python -m memexporter.cli.docs
+	.venv/bin/python -m memexporter.cli.generate docs
 	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --site-dir build/site
 # The pictures of the live page and of top in docs/, taken again by their test.
 screenshots:

@@ -9,6 +9,7 @@ VPY="${MEMEXPORTER_VENV:-.venv}/bin/python"
 export MEMEXPORTER_REQUIRE_BINARIES=1   # missing binaries fail the run instead of skipping
 echo "[test] ruff"; "$VPY" -m ruff format --check memexporter tests benchmarks; "$VPY" -m ruff check memexporter tests benchmarks
 echo "[test] mypy"; "$VPY" -m mypy
+echo "[test] generated files"; "$VPY" -m memexporter.cli.generate --check
 # Tests run in parallel processes (pytest-xdist): the long live tests mostly wait on real
 # Prometheus/Alertmanager and a training demo, so they overlap with the rest. --dist loadgroup
 # keeps each xdist_group (tests sharing one expensive fixture) on one worker. Slow tests name
