@@ -80,7 +80,8 @@ COMMANDS: dict[str, Subcommand] = {
 }
 
 
-def _parser() -> argparse.ArgumentParser:
+def _top_level() -> argparse.ArgumentParser:
+    """The options that come before a subcommand's name (``memexporter --log-level debug run``)."""
     parser = argparse.ArgumentParser(
         prog="memexporter", description="PyTorch training memory on a Prometheus /metrics endpoint."
     )
@@ -92,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="level of memexporter's own messages (default: INFO)",
     )
+    return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _top_level()
     sub = parser.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
         if command.kind == "parsed":
@@ -156,11 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _command_at(argv: list[str]) -> int | None:
     """Where the subcommand's name is, after the top-level options; None before ``--help`` and the like."""
+    # The top-level options that take a value, read from their parser: one list of them.
+    valued = {s for a in _top_level()._actions if a.nargs != 0 for s in a.option_strings}
     i = 0
     while i < len(argv):
-        if argv[i] == "--log-level":
+        if argv[i] in valued:
             i += 2
-        elif argv[i].startswith("--log-level="):
+        elif argv[i].split("=", 1)[0] in valued:
             i += 1
         elif argv[i].startswith("-"):
             return None

@@ -38,3 +38,20 @@ def test_an_own_parser_subcommand_after_a_top_level_option(tmp_path: Path, capsy
     assert capsys.readouterr().err.splitlines() == [
         f"memexporter rules: cannot write '{tmp_path / 'missing' / 'x.yml'}': No such file or directory"
     ]
+
+
+def test_the_subcommand_is_found_after_any_top_level_option_with_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The options are read from the top-level parser, not listed by hand: one added there is
+    # skipped with its value (before, only --log-level was, and a new option hid the subcommand).
+    plain = cli._top_level
+
+    def with_color() -> object:
+        parser = plain()
+        parser.add_argument("--color", choices=["auto", "never"])
+        return parser
+
+    monkeypatch.setattr(cli, "_top_level", with_color)
+    assert cli._command_at(["--color", "never", "--log-level=debug", "rules", "--preset", "demo"]) == 3
+    assert cli._command_at(["--log-level", "debug", "--color=auto", "rules"]) == 3
+    assert cli._command_at(["--version"]) is None
+    assert cli._command_at(["--colour", "never", "rules"]) is None  # unknown: argparse will name it
