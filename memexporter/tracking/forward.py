@@ -11,7 +11,7 @@ model's forward and their state, and publishes activation bytes through the hand
 - **Few forwards are recorded** (``schedule.py``: at most one pass a second and one in eight).
   Only then does the entry's pre-hook push a ``saved_tensors_hooks`` pair (``saved.py``: the pack
   hook adds each saved storage's bytes to the row of the innermost running module) and register
-  the row hooks of the other hooked modules; its post-hook pops the pair, takes the row hooks off
+  the row hooks of the other hooked modules (``rows.py``); its post-hook pops the pair, takes the row hooks off
   and publishes the counts. Forwards in between, training or evaluation, pay two hook calls per
   entry and nothing per module.
 
@@ -36,6 +36,7 @@ from torch.utils.hooks import RemovableHandle
 from memexporter.tracking import phases, saved
 from memexporter.tracking.counts import ModelCounts
 from memexporter.tracking.errors import count_failure
+from memexporter.tracking.rows import RowHooks
 from memexporter.tracking.schedule import Schedule
 
 __all__ = ["ForwardRecorder", "backend_allocated"]
@@ -74,11 +75,7 @@ class ForwardRecorder:
         self._root_seen = compiled  # until then, the top-level children are entries too
         self._root_hooks: list[RemovableHandle] = []
         self._entry_hooks: list[RemovableHandle] = []  # the top-level children's, until the root is seen
-        self._rows_on: list[tuple[nn.Module, int]] = []  # (module, hook key) of the row hooks, while recording
-        self._row_fns: list[tuple[nn.Module, Callable[..., None], Callable[..., None]]] | None = None  # built once
-        self._allocated = allocated
-        self._dacc: list[int] | None = None  # forward deltas of the recorded forward
-        self._before: list[int] = []
+        self._rows = RowHooks(self._plan, self._stack, allocated)
         self._deltas: Mapping[str, int] = MappingProxyType({})
         self.removed = False
         # Bound once: the automatic "forward" phase, and a step-peak sample at each forward's end.
@@ -117,7 +114,7 @@ class ForwardRecorder:
         """Take every forward hook off. Idempotent."""
         for handles in (self._root_hooks, self._entry_hooks):
             self._detach(handles)
-        self._detach_rows()
+        self._rows.detach()
 
     def deltas(self) -> dict[str, int]:
         """``{module label: bytes}`` of the last recorded forward (``TrackHandle.forward_deltas``)."""
@@ -126,7 +123,7 @@ class ForwardRecorder:
     @property
     def idle(self) -> bool:
         """No forward of the model is running or being recorded (what a finished pass leaves)."""
-        return self._depth == 0 and self._ctx is None and not self._stack and not self._rows_on
+        return self._depth == 0 and self._ctx is None and not self._stack and not self._rows.on
 
     def _entry_hooks_for(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
         def pre(m: nn.Module, args: Any) -> None:
@@ -199,38 +196,7 @@ class ForwardRecorder:
                 ctx.__exit__(None, None, None)
             self._depth = 0
             self._stack.clear()
-            self._detach_rows()
-
-    def _row_hooks_for(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
-        stack, before, allocated = self._stack, self._before, self._allocated
-        if allocated is None:
-
-            def pre(m: nn.Module, args: Any) -> None:
-                stack.append(row)
-
-            def post(m: nn.Module, args: Any, out: Any) -> None:
-                if stack:  # balanced with pre (an exception skips it: the entry hook then clears the stack)
-                    stack.pop()
-
-            return pre, post
-
-        def dpre(m: nn.Module, args: Any) -> None:
-            stack.append(row)
-            try:
-                before.append(allocated())
-            except Exception:
-                count_failure("forward pre-hook (cuda_forward_delta)")
-
-        def dpost(m: nn.Module, args: Any, out: Any) -> None:
-            if stack:
-                stack.pop()
-            try:
-                if self._dacc is not None and before:
-                    self._dacc[row] += allocated() - before.pop()
-            except Exception:
-                count_failure("forward hook (cuda_forward_delta)")
-
-        return dpre, dpost
+            self._rows.detach()
 
     @staticmethod
     def _detach(handles: list[RemovableHandle]) -> None:
@@ -238,58 +204,27 @@ class ForwardRecorder:
             h.remove()
         handles.clear()
 
-    def _attach_rows(self) -> None:
-        """Put the row hooks on, for one recorded forward. This happens once per recorded pass for
-        every hooked module, so it writes the module's hook dicts directly, as torch's own
-        ``register_forward_*hook`` does, without a ``RemovableHandle`` per hook (a third of a
-        recorded forward's cost). No ``always_call``: after an exception, the entry's hook clears
-        the stack and takes these off."""
-        if self._row_fns is None:
-            self._row_fns = [(m, *self._row_hooks_for(r)) for m, r in self._plan.hooked]
-        entries = {id(m) for m, _ in self._plan.entries} if self._entry_hooks else set()
-        on = self._rows_on
-        for m, pre, post in self._row_fns:
-            if id(m) not in entries:
-                key = RemovableHandle.next_id  # torch's own id counter: never a key of a real handle
-                RemovableHandle.next_id += 1
-                m._forward_pre_hooks[key] = pre
-                m._forward_hooks[key] = post
-                on.append((m, key))
-
-    def _detach_rows(self) -> None:
-        for m, key in self._rows_on:
-            m._forward_pre_hooks.pop(key, None)
-            m._forward_hooks.pop(key, None)
-        self._rows_on.clear()
-
     def _begin(self, row: int) -> None:
         acc, seen, stack = self._acc, self._seen, self._stack
         stack.append(row)
         self._entry = row
         ctx = saved.push(acc, seen, stack, self._schedule)
         self._ctx = ctx
-        self._attach_rows()
-        if self._allocated is not None:
-            self._before.clear()
-            self._before.append(self._allocated())
-            self._dacc = [0] * len(acc)
+        self._rows.attach(skip_entries=bool(self._entry_hooks), rows=len(acc))
 
     def _end(self) -> None:
         ctx, self._ctx = self._ctx, None
         # Other modules' hooks: torch is iterating only this entry's own right now.
-        self._detach_rows()
+        self._rows.detach()
         if ctx is None:
             raise RuntimeError("no recorded forward to end")
         saved.pop(ctx)
         if self.removed:
             return
         self._counts.publish_activation(tuple(self._acc))
-        dacc, self._dacc = self._dacc, None
-        if dacc is not None and self._allocated is not None and self._before:
-            dacc[self._entry] = self._allocated() - self._before.pop()
-            names = self._counts.snapshot.layout.names
-            rows = [0] + [row for _, row in self._plan.hooked]
-            self._deltas = MappingProxyType({names[r]: dacc[r] for r in rows})
+        deltas = self._rows.deltas(self._entry, self._counts.snapshot.layout.names)
+        if deltas is not None:
+            self._deltas = MappingProxyType(deltas)
 
 
 def backend_allocated(counts: ModelCounts) -> Callable[[], int]:
