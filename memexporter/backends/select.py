@@ -7,7 +7,7 @@ build's version strings and ``torch.backends.mps.is_built()`` tell. ROCm's HIP b
 through ``torch.cuda``: its allocator backend is ``TorchBackend``, its driver library amdsmi.
 
 Each backend module is imported only for its family, so a job pays only for its own device's
-libraries, and a CPU-only job for none (``tests/unit/test_no_device_libraries.py``).
+libraries, and a CPU-only job for none (``tests/integration/test_no_device_libraries.py``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the wire), an observable gauge otherwise, named ``otel_name`` with the UCUM unit
 The standard OTLP-to-Prometheus translation (prometheus/otlptranslator, with its default
 ``UnderscoreEscapingWithSuffixes`` strategy: Prometheus' OTLP receiver, the Collector's
 Prometheus exporters) gives back the row's ``/metrics`` name, and the attributes are the row's
-labels, so dashboards and rules read pushed data unchanged (tests/unit/test_otel_names.py checks
+labels, so dashboards and rules read pushed data unchanged (tests/unit/otel/test_names.py checks
 every row). A row with a ``semconv`` column also feeds a semantic-convention instrument.
 """
 

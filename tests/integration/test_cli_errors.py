@@ -13,6 +13,8 @@ import pytest
 from tests.support import REPO_ROOT
 from tests.support.demo import module_env
 
+pytestmark = pytest.mark.integration
+
 
 def run(*argv: str) -> tuple[int, str]:
     done = subprocess.run(

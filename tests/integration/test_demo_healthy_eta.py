@@ -15,7 +15,7 @@ failed in 4 runs out of 4 (growth read from step 58, ~0.08 MiB/step, an OOM "in 
 a few runs already catch that. Zero misreads in n runs bounds the per-run misread rate below
 1 - 0.05^(1/n) at 95 % confidence: 31 % for the default 8 runs, 14 % for 20
 (``MEMEXPORTER_TEST_HEALTHY_RUNS=20``). The stronger evidence is in
-tests/unit/test_trend_gates.py: every step of 40 synthetic heaps with four kinds of creep.
+tests/unit/oom/test_trend_gates.py: every step of 40 synthetic heaps with four kinds of creep.
 """
 
 from __future__ import annotations

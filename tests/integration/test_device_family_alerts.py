@@ -21,8 +21,8 @@ from memexporter.tracking.steps import StepTracker
 from tests.support import REPO_ROOT
 from tests.support.binaries import require
 from tests.support.traces import Scraped, input_series
+from tests.unit.backends.test_device_families import KIND, LABEL, MPS, ROCM, XPU, answers, install
 from tests.unit.fakes import FakeHost, registry_for, sources
-from tests.unit.test_device_families import KIND, LABEL, MPS, ROCM, XPU, answers, install
 
 pytestmark = pytest.mark.integration
 

@@ -217,7 +217,7 @@ PLAN: dict[tuple[str, str], Run | Elsewhere] = {
         "kubectl apply -k deploy/kubernetes      # PrometheusRule + dashboard ConfigMaps + PodMonitor, namespace monitoring",
     ): Elsewhere(
         "no cluster in CI",
-        "tests/integration/test_kubernetes.py (kubectl kustomize, promtool) and tests/unit/test_kube.py (the CRD schema)",
+        "tests/integration/test_kubernetes.py (kubectl kustomize, promtool) and tests/unit/cli/test_kube.py (the CRD schema)",
     ),
     ("docs/deploy.md", "memexporter rules --format prometheusrule --namespace monitoring --label release=kps \\"): Run(
         "in a temporary folder",

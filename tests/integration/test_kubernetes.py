@@ -2,7 +2,7 @@
 the real promtool, and the kustomization builds into the resources it promises.
 
 No cluster is reachable here, so nothing is applied: the resources are checked against the
-PrometheusRule CRD's schema (tests/unit/test_kube.py) and built with ``kubectl kustomize`` where
+PrometheusRule CRD's schema (tests/unit/cli/test_kube.py) and built with ``kubectl kustomize`` where
 kubectl is installed (it runs offline); the kustomization's references are also followed by hand,
 so a missing file fails even without kubectl.
 """
@@ -22,7 +22,7 @@ import yaml
 from memexporter import cli, rules
 from tests.support import REPO_ROOT
 from tests.support.binaries import require
-from tests.unit.test_kube import crd_errors
+from tests.unit.cli.test_kube import crd_errors
 
 HERE = REPO_ROOT / "deploy" / "kubernetes"
 EXPECTED_KINDS = Counter({"ConfigMap": 3, "PrometheusRule": 1, "PodMonitor": 1})

@@ -158,7 +158,7 @@ def test_memexporter_run_pushes_what_it_serves(tmp_path: Path) -> None:
         received = rx.snapshot()
 
     # Names and labels: exactly the /metrics series (an ETA of +Inf would have no point: OTLP has no
-    # +Inf, tests/unit/test_otel.py; here the job leaks, so the ETA is finite and must arrive).
+    # +Inf, tests/unit/otel/test_bridge.py; here the job leaks, so the ETA is finite and must arrive).
     finite = {k: v for k, v in scraped.items() if math.isfinite(v)}
     assert 0 < finite[("memexporter_oom_eta_seconds", frozenset({("rank", "0"), ("device", "cpu")}))] < math.inf
     assert set(pushed) == set(finite), (sorted(set(finite) - set(pushed))[:5], sorted(set(pushed) - set(finite))[:5])
@@ -169,7 +169,7 @@ def test_memexporter_run_pushes_what_it_serves(tmp_path: Path) -> None:
             assert value == finite[key], key
     assert pushed[("memexporter_steps_total", frozenset({("rank", "0")}))] == STEPS
     # Every family the shipped rules and dashboards read arrived (the CUDA-only ones need a GPU,
-    # tests/unit/test_otel.py pushes them from a synthetic device; the sharded-only one a sharded model).
+    # tests/unit/otel/test_bridge.py pushes them from a synthetic device; the sharded-only one a sharded model).
     absent = {n.spec.name for n in names.instruments() if n.spec.cuda_only or n.spec.sharded_only}
     assert families_read_by_shipped_queries() - absent <= {name for name, _ in pushed}
 
@@ -207,7 +207,7 @@ def training(steps: int, then: str) -> str:
 
 @pytest.mark.slow
 def test_an_unreachable_collector_is_one_line_and_training_goes_on(tmp_path: Path) -> None:
-    # Wrong protocols and missing packages: tests/unit/test_otel_push.py (one line each, too).
+    # Wrong protocols and missing packages: tests/unit/otel/test_sdk.py (one line each, too).
     closed, port = closed_port(), free_port()
     script = tmp_path / "train.py"
     script.write_text(

@@ -31,7 +31,7 @@
   stand-ins), for the paging test and ``benchmarks/bench_scale.py``; ``tsdb_blocks``: their history
   backfilled into Prometheus blocks.
 
-``test_harness.py`` here tests the harness itself against the real binaries.
+``tests/integration/harness/`` tests the harness itself (``test_harness.py``: against the real binaries).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 51da773, 2026-07): ``MetricNamer.Build`` with the ``UnderscoreEscapingWithSuffixes`` strategy
 (``normalizeName``, ``buildUnitSuffixes``, ``cleanUpUnit``, ``addUnitTokens`` in metric_namer.go
 and unit_namer.go) and ``LabelNamer.Build`` (label_namer.go, strconv.go). That library names what
-Prometheus' OTLP receiver and the Collector's Prometheus exporters store. tests/unit/test_otel_names.py
+Prometheus' OTLP receiver and the Collector's Prometheus exporters store. tests/unit/otel/test_names.py
 checks the port against cases from the library's own tests before relying on it.
 """
 

@@ -10,7 +10,7 @@ Two kinds of file:
 
 So what the alert rules see in promtool is what the exporter would report for those traces.
 ``python -m tests.support.scenarios`` writes the files; ``--check`` exits 1 when one is stale
-(tests/unit/test_scenarios.py runs the check).
+(tests/unit/oom/test_trend_scenarios.py runs the check).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``xor_chunk`` writes what Prometheus' ``xorAppender`` writes (``tsdb/chunkenc/xor.go`` and
 ``bstream.go``: Gorilla's delta-of-delta timestamps and XOR-ed values, big-end bits first);
 ``constant_chunk`` the same bytes for a value that holds still, without the loop. Used by
-``tsdb_blocks.py``; ``promtool tsdb dump`` reads them back in ``tests/unit/test_tsdb_blocks.py``.
+``tsdb_blocks.py``; ``promtool tsdb dump`` reads them back in ``tests/integration/harness/test_tsdb_blocks.py``.
 """
 
 from __future__ import annotations

@@ -9,8 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support import REPO_ROOT
 from tests.support.progress import QUIET_S
+
+pytestmark = pytest.mark.integration
 
 SUITE = f"""
 import time, pytest

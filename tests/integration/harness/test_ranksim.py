@@ -23,6 +23,8 @@ from tests.support.rank_exposition import AUTOMATIC_PHASES, CONTRACT_DETAIL, RUN
 from tests.support.ranksim import CPU_FOLLOWS, FOLLOWS, MiB, RankSim, Template
 from tests.support.ranksim_server import OPENMETRICS, TEXT, RankServers
 
+pytestmark = pytest.mark.integration
+
 RUN = "unit-run"
 
 

@@ -8,10 +8,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from tests.support.binaries import require
 from tests.support.ranksim import Trajectory
 from tests.support.tsdb_blocks import Labels, Model, write_block
 from tests.support.tsdb_chunks import constant_chunk, crc32c, xor_chunk
+
+pytestmark = pytest.mark.integration
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,11 @@ from memexporter.collectors.registry import GuardedCatalogue, catalogue
 from memexporter.serving.conn import ConnectionStats
 from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
+from tests.support import REPO_ROOT
 from tests.support.binaries import require
 from tests.unit.fakes import MiB, one_gpu, sources, with_host
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = REPO_ROOT / "tests" / "golden"
 
 
 @pytest.fixture(autouse=True)

@@ -207,7 +207,7 @@ def run_in_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str], name: str, expected: Any
 ) -> None:
     script = tmp_path / "train.py"
-    script.write_text("from tests.unit.test_config_paths import observe\nobserve()\n")
+    script.write_text("from tests.unit.config.test_config_paths import observe\nobserve()\n")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
     OBSERVED.clear()

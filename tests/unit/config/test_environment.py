@@ -18,7 +18,7 @@ from memexporter.cli import run as run_command
 from memexporter.config import KNOBS, Config, Knob, environment, known_variables, resolve_knob
 from tests.support import REPO_ROOT
 from tests.support.ports import free_port
-from tests.unit.test_config import BAD_BY_PARSER
+from tests.unit.config.test_config import BAD_BY_PARSER
 
 _A_FILE = str(REPO_ROOT / "pyproject.toml")
 

@@ -24,7 +24,7 @@ import memexporter
 from memexporter.diagnose import writer
 from memexporter.diagnose.dumps import RETRY_ATTEMPTS, RETRY_TICKS_MAX, CudaHooks, Premortem
 from memexporter.diagnose.writer import STALE_AFTER_S, clean_stale, write_atomic
-from tests.unit.test_diagnose_engine import FakeAllocator, Loop, MiB
+from tests.unit.diagnose.test_engine import FakeAllocator, Loop, MiB
 
 REAL_FSYNC = os.fsync
 

@@ -20,7 +20,7 @@ from memexporter.oom.risk import OomRisk, RiskWatch, Thresholds, judge
 from memexporter.tracking import errors
 from memexporter.tracking.phases import MAX_PHASES
 from tests.unit.fakes import GiB, MiB, sources
-from tests.unit.test_phases import Host, Rig, make_rig
+from tests.unit.tracking.test_phases import Host, Rig, make_rig
 
 LIMIT = 1024 * MiB
 

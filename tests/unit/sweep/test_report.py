@@ -18,8 +18,9 @@ from memexporter.sweep.grid import parse_grid
 from memexporter.sweep.reading import Observed, parse
 from memexporter.sweep.report import as_json, table, write_csv
 from memexporter.sweep.runner import MiB, Run, Sweep, judge
+from tests.support import REPO_ROOT
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "exposition.txt"
+GOLDEN = REPO_ROOT / "tests" / "golden" / "exposition.txt"
 
 
 def test_reading_the_golden_exposition() -> None:

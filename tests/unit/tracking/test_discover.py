@@ -15,7 +15,7 @@ import memexporter
 from memexporter.config import auto_track_default
 from memexporter.tracking import discover
 from memexporter.tracking.modules import active_handles
-from tests.unit.modules.models import Deep
+from tests.unit.tracking.models import Deep
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from memexporter.collectors.scrape import Scrape
 from memexporter.tracking.modules import hook_errors, track
 from memexporter.tracking.snapshots import FAMILIES
 from tests.unit.fakes import sources
-from tests.unit.modules.models import (
+from tests.unit.tracking.models import (
     TiedNet,
     batch,
     train_step,

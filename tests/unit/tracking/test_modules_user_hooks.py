@@ -11,7 +11,7 @@ from torch import nn
 from torch.autograd.graph import save_on_cpu
 
 from memexporter.tracking.modules import track
-from tests.unit.modules.models import (
+from tests.unit.tracking.models import (
     Block,
     D,
     OuterCounter,

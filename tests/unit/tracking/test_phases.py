@@ -28,7 +28,7 @@ from memexporter.tracking.phases import MAX_PHASES, OTHER, OUT_OF_STEP_PHASES, P
 from memexporter.tracking.steps import StepTracker
 from tests.support.binaries import require
 from tests.unit.fakes import FakeCuda, GiB, MiB, registry_for, sources
-from tests.unit.test_steps import ScriptedHost
+from tests.unit.tracking.test_steps import ScriptedHost
 
 
 class Clock:
