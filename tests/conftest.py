@@ -1,5 +1,6 @@
-"""Suite-wide set-up: progress lines for the slow tests (``tests/support/progress.py``), and one
-compute thread per process when the tests run in parallel."""
+"""Suite-wide set-up: the shared fixtures (``tests/support/fixtures.py``), progress lines for the
+slow tests (``tests/support/progress.py``), and one compute thread per process when the tests run
+in parallel."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import signal
 import pytest
 
 from tests.support.progress import Progress
+
+pytest_plugins = ["tests.support.fixtures"]
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Several workers, each starting demos and torchrun children, on a machine with few cores:
@@ -28,10 +31,3 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Progress(config), "memexporter-progress")
-
-
-@pytest.fixture(autouse=True)
-def _runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The debug endpoints' token files go to ``$XDG_RUNTIME_DIR/memexporter``: a test's go to a
-    temporary folder, never the user's runtime folder (children started by a test inherit it)."""
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))

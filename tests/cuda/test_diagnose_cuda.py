@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,11 +27,7 @@ from tests.support.demo import module_env
 MiB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def _stopped() -> Iterator[None]:
-    memexporter.stop()
-    yield
-    memexporter.stop()
+pytestmark = pytest.mark.usefixtures("no_exporter")  # tests/support/fixtures.py
 
 
 def test_census_of_cuda_tensors_matches_the_allocator() -> None:

@@ -1,4 +1,5 @@
-"""Fixtures shared by the integration tests."""
+"""Fixtures shared by the integration tests (those of the whole suite, ``no_exporter`` among them, are
+in tests/support/fixtures.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,6 @@ import pytest
 
 import memexporter
 from tests.support.tls import self_signed
-
-
-@pytest.fixture
-def no_exporter() -> Iterator[None]:
-    """No exporter runs in this process before the test or after it (the exporter is a
-    process-wide singleton; a test that fails half-way must not leave one to the next)."""
-    memexporter.stop()
-    yield
-    memexporter.stop()
 
 
 @pytest.fixture

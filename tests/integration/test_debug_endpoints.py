@@ -28,10 +28,9 @@ import memexporter
 from memexporter.exporter import running
 from memexporter.serving.server import router
 from memexporter.tracking import boundaries
-from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 from tests.support.ports import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_around", "runtime_dir")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter", "runtime_dir")]
 
 
 def token_of(exp: Any) -> str:
@@ -42,7 +41,8 @@ def token_of(exp: Any) -> str:
 
 def get(url: str, method: str = "GET", token: str | None = None) -> tuple[int, str, bytes]:
     """``url``, with the running exporter's token unless ``token`` says otherwise ("" for none).
-    A 429 (the /debug routes' request rate limit) is waited out, as ``memexporter inspect`` does."""
+    A 429 (the /debug routes' request rate limit) is waited out, as ``memexporter inspect`` does.
+    Not ``tests.support.web.get_text``: the status of an error answer, other methods, the token."""
     if token is None:
         exp = running()
         token = exp.diagnostics.token.value if exp and exp.diagnostics and exp.diagnostics.token else ""

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 import time
-import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.demo import running_demo
 from tests.support.ports import free_port
+from tests.support.web import get_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MiB = 1 << 20
@@ -24,7 +24,7 @@ WEEK = 7 * 24 * 3600
 
 
 def scrape(port: int) -> dict[str, float]:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    body = get_text(f"http://127.0.0.1:{port}/metrics")
     out = {}
     for fam in text_string_to_metric_families(body):
         for s in fam.samples:

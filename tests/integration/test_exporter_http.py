@@ -27,6 +27,7 @@ from tests.support.ports import free_port
 pytestmark = pytest.mark.usefixtures("no_exporter")
 
 
+# Not tests.support.web.get_text: these tests read the status and Content-Type, of error answers too.
 def get(url: str, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None) -> tuple[int, str, str]:
     req = urllib.request.Request(url, headers=headers or {})
     try:

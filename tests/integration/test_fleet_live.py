@@ -4,13 +4,12 @@ Real torch on CPU, a real tracked model, real HTTP on loopback."""
 
 from __future__ import annotations
 
-import urllib.request
-
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import memexporter
+from tests.support.web import get_text
 
 pytestmark = pytest.mark.usefixtures("no_exporter")
 
@@ -31,8 +30,7 @@ def _serve(monkeypatch: pytest.MonkeyPatch, rank: int) -> dict[str, list[dict[st
     try:
         model(torch.randn(4, 8)).sum().backward()
         optimizer.step()
-        with urllib.request.urlopen(f"http://127.0.0.1:{exp.port}/metrics", timeout=10) as r:
-            text = r.read().decode()
+        text = get_text(f"http://127.0.0.1:{exp.port}/metrics")
     finally:
         exp.stop()
     return {f.name: [s.labels for s in f.samples] for f in text_string_to_metric_families(text) if f.samples}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,7 @@ import memexporter
 from memexporter.cli import healthcheck
 from tests.support.ports import free_port
 
-
-@pytest.fixture(autouse=True)
-def _stopped() -> Iterator[None]:
-    memexporter.stop()
-    yield
-    memexporter.stop()
+pytestmark = pytest.mark.usefixtures("no_exporter")  # tests/support/fixtures.py
 
 
 def _probe(port: int, addr: str = "0.0.0.0") -> subprocess.CompletedProcess[str]:

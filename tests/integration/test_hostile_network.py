@@ -29,6 +29,7 @@ import memexporter
 from memexporter.serving import budget, listener, server
 from tests.support.hostile import burst, open_fds, reset_connection, trickle
 from tests.support.stderr import besides_serving
+from tests.support.web import get_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,8 +37,7 @@ pytestmark = pytest.mark.usefixtures("no_exporter")
 
 
 def scrape(port: int, timeout: float = 10.0) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
-        return r.read().decode()
+    return get_text(f"http://127.0.0.1:{port}/metrics", timeout)
 
 
 def dropped(body: str) -> dict[str, float]:

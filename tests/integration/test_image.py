@@ -26,7 +26,7 @@ import pytest
 
 from tests.support import REPO_ROOT
 from tests.support.ports import free_port
-from tests.support.process import http_ok
+from tests.support.web import http_ok
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 BASE = "localhost/memexporter-test-base:bookworm"

@@ -31,10 +31,9 @@ from memexporter.diagnose.report import document
 from memexporter.exporter import running
 from memexporter.serving.server import Route, serve
 from tests.support.demo import module_env
-from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 from tests.support.ports import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter_around", "runtime_dir")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter", "runtime_dir")]
 
 
 def inspect(url: str, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:

@@ -23,6 +23,7 @@ from memexporter.tracking.modules import active_handles
 pytestmark = pytest.mark.integration
 
 
+# Not tests.support.web.get_text: these tests read the status and every header, and send HEAD too.
 def get(url: str, context: ssl.SSLContext | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
     with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10, context=context) as r:
         return r.status, dict(r.headers), r.read()

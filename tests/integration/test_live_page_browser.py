@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import memexporter
 from tests.support.browser import card, console_errors, headless_chromium, wait_for
 from tests.support.demo import running_demo
 from tests.support.ports import free_port
+from tests.support.web import get_text
 
 pytestmark = pytest.mark.integration
 
@@ -53,8 +53,7 @@ def test_the_page_shows_what_live_json_says_and_draws_its_chart(browser: Any, tm
     try:
         browser.get(base + "/")
         cpu = card(browser, "cpu")
-        with urllib.request.urlopen(base + "/live.json", timeout=10) as r:  # the job is paused: same figures
-            doc = json.loads(r.read())
+        doc = json.loads(get_text(base + "/live.json"))  # the job is paused: same figures
         figures = next(d for d in doc["devices"] if d["device"] == "cpu")
         for key in ("memory_peak_bytes", "memory_baseline_bytes"):
             assert cpu.find_element("css selector", f'[data-figure="{key}"] b').text == shown(figures[key]), key

@@ -19,9 +19,8 @@ import memexporter
 from memexporter.backends.host import HostBackend
 from memexporter.oom import risk
 from memexporter.oom.risk import OomRisk
-from tests.support.exporter import no_exporter_around  # noqa: F401 (a fixture)
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_exporter_around")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_exporter")]
 
 MiB = 1 << 20
 STEP_S = 0.1

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from tests.support.otlp import OtlpHttpReceiver, Received, metrics, points, reso
 from tests.support.otlp_names import families_read_by_shipped_queries, kind_of, label, translate
 from tests.support.ports import closed_port, free_port
 from tests.support.process import stop, tail
+from tests.support.web import get_text
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +94,7 @@ def wait_for_file(path: Path, proc: subprocess.Popen[bytes], log: Path, timeout:
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    body = get_text(f"http://127.0.0.1:{port}/metrics")
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for fam in text_string_to_metric_families(body)

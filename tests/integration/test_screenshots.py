@@ -15,7 +15,6 @@ import re
 import struct
 import subprocess
 import sys
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from tests.support import REPO_ROOT
 from tests.support.browser import card, console_errors, headless_chromium, text_of, wait_for
 from tests.support.demo import module_env, running_demo
 from tests.support.ports import free_port
+from tests.support.web import get_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,8 +37,7 @@ HISTORY_S = 12  # seconds of chart before the picture (a point every 2 s)
 
 
 def live(port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/live.json", timeout=5) as r:
-        return json.loads(r.read())  # type: ignore[no-any-return]
+    return json.loads(get_text(f"http://127.0.0.1:{port}/live.json", 5))  # type: ignore[no-any-return]
 
 
 def cpu(doc: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 import memexporter
 from memexporter.serving import server
 from tests.support.tls import self_signed
+from tests.support.web import get_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,8 +162,7 @@ def test_routes_see_the_peer_address_as_remote_addr(bind: str, connect: str) -> 
     srv = server.serve(CollectorRegistry(), 0, bind, routes={"/debug/peer": server.Route(_peer, "peer")})
     try:
         host = f"[{connect}]" if ":" in connect else connect
-        with urllib.request.urlopen(f"http://{host}:{srv.port}/debug/peer", timeout=10) as r:
-            assert r.read().decode() == connect
+        assert get_text(f"http://{host}:{srv.port}/debug/peer") == connect
     finally:
         srv.stop()
 

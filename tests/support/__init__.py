@@ -8,6 +8,10 @@
 - ``demo.running_demo`` / ``demo.running_torchrun_demo`` / ``process.running_command``:
   ``memexporter demo`` (alone or under torchrun) and other commands as subprocesses, ready once
   their HTTP endpoints answer, stopped with their whole process group.
+- ``fixtures``: the fixtures of the whole suite, a pytest plugin that ``tests/conftest.py`` registers:
+  ``no_exporter``, ``otel_push_environment``, ``dead_pid``, a temporary ``$XDG_RUNTIME_DIR``.
+- ``web.get_text``: a URL's text (``/metrics``, ``/live.json``) with a timeout; ``web.http_status``
+  and ``http_ok`` for what a starting process answers.
 - ``ports``: free loopback ports (``free_port``, ``free_port_block`` for port + LOCAL_RANK).
 - ``promql``: metric names in an expression, variable substitution, ``promtool check rules``.
 - ``forked.run_forked``: checks run inside a forked child (a DataLoader worker), reported to the

@@ -11,10 +11,11 @@ never from storages, which is what memexporter reads.
 from __future__ import annotations
 
 import re
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.support.web import get_text
 
 FAMILIES = ("parameter", "gradient", "optimizer_state", "activation")
 # A wrapper's attribute as a whole dotted part of a row label: DDP/DataParallel/DeepSpeed ``module``,
@@ -61,8 +62,7 @@ def parse(text: str) -> Scrape:
 
 
 def scrape(url: str) -> Scrape:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return parse(resp.read().decode())
+    return parse(get_text(url))
 
 
 def nbytes(t: Any) -> int:
@@ -169,5 +169,4 @@ def parse_samples(text: str) -> Samples:
 
 
 def read_samples(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return parse_samples(resp.read().decode())
+    return parse_samples(get_text(url))

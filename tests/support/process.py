@@ -8,12 +8,11 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tests.support.ports import free_port
+from tests.support.web import http_status
 
 
 class ProcessError(RuntimeError):
@@ -26,21 +25,6 @@ def tail(path: Path, limit: int = 6000) -> str:
     except OSError:
         return ""
     return text[-limit:]
-
-
-def http_status(url: str, timeout: float = 2.0) -> str:
-    """``"200"``, another status code, or the connection error, for diagnostics."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return str(resp.status)
-    except urllib.error.HTTPError as err:
-        return str(err.code)
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        return f"{type(err).__name__}: {getattr(err, 'reason', err)}"
-
-
-def http_ok(url: str, timeout: float = 2.0) -> bool:
-    return http_status(url, timeout) == "200"
 
 
 def wait_ready(proc: subprocess.Popen[bytes], urls: Sequence[str], timeout: float, log: Path, what: str) -> None:

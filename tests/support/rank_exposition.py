@@ -33,6 +33,7 @@ from typing import Any
 
 from memexporter.metrics import SPECS
 from tests.support import REPO_ROOT
+from tests.support.web import get_text
 
 FIXTURE = "a100_torch2.13_fraction.json"
 BEFORE = "de4f325"  # the last commit before issue 25: every rank exported everything
@@ -126,11 +127,7 @@ def adapt(made: dict[str, Any], kind: str, run_id: str) -> dict[str, Any]:
 
 
 def _scrape(url: str, accept: str) -> str:
-    import urllib.request
-
-    req = urllib.request.Request(url, headers={"Accept": accept, "Accept-Encoding": "identity"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return resp.read().decode()  # type: ignore[no-any-return]
+    return get_text(url, 30, headers={"Accept": accept, "Accept-Encoding": "identity"})
 
 
 def main() -> None:

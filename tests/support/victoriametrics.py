@@ -18,8 +18,6 @@ import contextlib
 import shlex
 import subprocess
 import tempfile
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ from tests.support import REPO_ROOT
 from tests.support.binaries import require
 from tests.support.process import start_on_free_port, tail
 from tests.support.prometheus import Prometheus, QueryApi, http_json
+from tests.support.web import get_text
 
 DEPLOY = REPO_ROOT / "deploy" / "victoriametrics"
 VMALERT_DEFAULT = DEPLOY / "vmalert.default"
@@ -197,8 +196,7 @@ class VMAlert:
 
     def metric(self, name: str) -> float:
         """The sum of the samples of ``name`` on vmalert's own ``/metrics`` (0 when absent)."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
+        text = get_text(f"{self.url}/metrics")
         return sum(
             float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + "{", name + " "))
         )

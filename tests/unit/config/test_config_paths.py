@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +28,12 @@ NEEDS_HTTP = {"port", "addr", "certfile", "keyfile", "http"}  # the others run w
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    memexporter.stop()
+def _clean(monkeypatch: pytest.MonkeyPatch, no_exporter: None) -> None:
     for knob in KNOBS:
         monkeypatch.delenv(knob.env, raising=False)
     monkeypatch.setattr(environment, "_said", set())  # each test sees its own once-only warnings
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")  # otel=True: a last push that fails at once
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
-    yield
-    memexporter.stop()
 
 
 class Case:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +23,10 @@ _A_FILE = str(REPO_ROOT / "pyproject.toml")
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    memexporter.stop()
+def _clean(monkeypatch: pytest.MonkeyPatch, no_exporter: None) -> None:
     for knob in KNOBS:
         monkeypatch.delenv(knob.env, raising=False)
     monkeypatch.setattr(environment, "_said", set())
-    yield
-    memexporter.stop()
 
 
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

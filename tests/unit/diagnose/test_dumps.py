@@ -11,10 +11,8 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,11 +27,7 @@ from tests.unit.diagnose.test_engine import FakeAllocator, Loop, MiB
 REAL_FSYNC = os.fsync
 
 
-@pytest.fixture(autouse=True)
-def _stopped() -> Iterator[None]:
-    memexporter.stop()
-    yield
-    memexporter.stop()
+pytestmark = pytest.mark.usefixtures("no_exporter")  # tests/support/fixtures.py
 
 
 def near_oom(directory: Path | str) -> tuple[Loop, Premortem]:
@@ -196,16 +190,10 @@ def test_a_failing_premortem_census_is_named_for_the_premortem(
     assert premortem.done and loop.diagnosis.errors == 1  # not retried at every tick
 
 
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
-def test_stale_temporary_files_are_removed_at_start(tmp_path: Path) -> None:
+def test_stale_temporary_files_are_removed_at_start(tmp_path: Path, dead_pid: int) -> None:
     dumps = tmp_path / "dumps"
     dumps.mkdir()
-    host, dead, old = writer._host(), _dead_pid(), time.time() - STALE_AFTER_S - 60
+    host, dead, old = writer._host(), dead_pid, time.time() - STALE_AFTER_S - 60
     files = {  # name: (age, removed?)
         f".memexporter-{host}-{dead}-k3ltq9x_.tmp": (None, True),  # this host, its writer is gone
         f".memexporter-{host}-{os.getppid()}-a1b2c3d4.tmp": (None, False),  # a live writer's

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import socket
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -66,13 +64,10 @@ def test_a_group_readable_folder_is_closed_and_a_symlink_refused(home: Path) -> 
     assert token.publish(9400) is None and list((home / "elsewhere").iterdir()) == []
 
 
-def test_files_of_dead_processes_are_skipped(home: Path) -> None:
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
-    )
+def test_files_of_dead_processes_are_skipped(home: Path, dead_pid: int) -> None:
     folder = home / "run" / "memexporter"
     folder.mkdir(mode=0o700)
-    stale = folder / f"memexporter-{socket.gethostname()}-{dead.stdout.strip()}-9400.token"
+    stale = folder / f"memexporter-{socket.gethostname()}-{dead_pid}-9400.token"
     stale.write_text("x" * 43)
     other_host = folder / f"memexporter-not-{socket.gethostname()}-{os.getpid()}-9400.token"
     other_host.write_text("y" * 43)

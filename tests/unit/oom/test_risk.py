@@ -167,13 +167,11 @@ class Judgements:
 
 
 @pytest.fixture
-def watch_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Judgements]:
+def watch_env(monkeypatch: pytest.MonkeyPatch, no_exporter: None) -> Judgements:
     """No exporter, no callbacks of other tests, judgements every 2 ms."""
-    memexporter.stop()
     monkeypatch.setattr(risk, "_registered", ())
     monkeypatch.setattr(risk, "CHECK_INTERVAL_S", 0.002)
-    yield Judgements(monkeypatch)
-    memexporter.stop()
+    return Judgements(monkeypatch)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ the real exporter on CPU (a real torch loop) or fake backends (SYNTHETIC GPU num
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -50,11 +49,8 @@ def train(steps: int) -> None:
 
 
 @pytest.fixture
-def reader() -> Iterator[InMemoryMetricReader]:
-    memexporter.stop()
-    r = InMemoryMetricReader()
-    yield r
-    memexporter.stop()
+def reader(no_exporter: None) -> InMemoryMetricReader:
+    return InMemoryMetricReader()
 
 
 def test_start_with_the_applications_provider(reader: InMemoryMetricReader) -> None:

@@ -4,11 +4,9 @@ listens on, and every set-up error a user can make (each one log line, training 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 
@@ -24,16 +22,9 @@ from memexporter.otel import sdk
 from memexporter.otel.reporting import ReportingExporter
 from tests.support.otlp import metrics, points, resource
 from tests.support.ports import closed_port
+from tests.support.web import get_text
 
-
-@pytest.fixture(autouse=True)
-def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    memexporter.stop()
-    for name in [n for n in os.environ if n.startswith(("OTEL_", "MEMEXPORTER_"))]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "100")
-    yield
-    memexporter.stop()
+pytestmark = pytest.mark.usefixtures("otel_push_environment")  # tests/support/fixtures.py
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -76,7 +67,7 @@ def test_unreachable_endpoint_is_one_line_and_stop_does_not_wait(
         while not exp.otel.push.exporter.failing and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # several more failing cycles
-        body = urllib.request.urlopen(exp.url, timeout=5).read().decode()
+        body = get_text(exp.url, 5)
         started = time.monotonic()
         exp.stop()
         took = time.monotonic() - started

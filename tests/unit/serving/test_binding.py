@@ -21,13 +21,10 @@ from tests.support.ports import free_port
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    memexporter.stop()
+def _clean(monkeypatch: pytest.MonkeyPatch, no_exporter: None) -> None:
     for name in ("MEMEXPORTER_PORT", "MEMEXPORTER_ADDR", "MEMEXPORTER_STRICT", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(environment, "_said", set())
-    yield
-    memexporter.stop()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ reach that tracking and ``start(model=...)``; an inference job stops the search.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -17,12 +16,7 @@ from memexporter.tracking import discover
 from memexporter.tracking.modules import active_handles
 from tests.unit.tracking.models import Deep
 
-
-@pytest.fixture(autouse=True)
-def _no_exporter() -> Iterator[None]:
-    memexporter.stop()
-    yield
-    memexporter.stop()
+pytestmark = pytest.mark.usefixtures("no_exporter")  # tests/support/fixtures.py
 
 
 def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import threading
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from memexporter.tracking import boundaries, phases
 from memexporter.tracking.phases import MAX_PHASES, OTHER, OUT_OF_STEP_PHASES, PhaseStats, PhaseTracker
 from memexporter.tracking.steps import StepTracker
 from tests.support.binaries import require
+from tests.support.web import get_text
 from tests.unit.fakes import FakeCuda, GiB, MiB, registry_for, sources
 from tests.unit.tracking.test_steps import ScriptedHost
 
@@ -107,13 +107,6 @@ def rig() -> Iterator[Rig]:
     yield r
     boundaries.activate(None, auto_step=False)
     phases.activate(None)
-
-
-@pytest.fixture
-def no_exporter() -> Iterator[None]:
-    memexporter.stop()
-    yield
-    memexporter.stop()
 
 
 # --- 1. Peak arithmetic ----------------------------------------------------------------------------
@@ -586,8 +579,7 @@ def test_a_running_exporter_exposes_the_phases_and_promtool_accepts_it(
         model(torch.randn(4, 8))
     exp = running()
     assert exp is not None and exp.url is not None
-    with urllib.request.urlopen(exp.url, timeout=10) as resp:
-        text = resp.read().decode()
+    text = get_text(exp.url)
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     for name, (kind, labels) in PHASE_FAMILIES.items():
         assert name in fams, name
