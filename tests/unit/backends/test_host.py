@@ -1,4 +1,5 @@
-"""cgroup v1/v2 limit discovery over a fake /sys/fs/cgroup tree (files written by the test)."""
+"""The host backend: cgroup v1/v2 limit discovery over a fake /sys/fs/cgroup tree (files written by
+the test), the RSS readings (real child processes: tests/integration/test_host_children.py)."""
 
 from __future__ import annotations
 
@@ -106,51 +107,6 @@ def test_real_host_reading_is_sane() -> None:
     s = HostBackend().sample()
     assert 0 < s.rss < s.limit
     assert 0 <= s.available <= s.limit
-
-
-def test_children_rss_counts_real_child_processes() -> None:
-    import subprocess
-    import sys
-
-    backend = HostBackend()
-    before = backend.children_rss()
-    # A child that holds ~64 MiB resident, and a grandchild of its own.
-    code = (
-        "import subprocess, sys, time; b = bytearray(64 << 20); "
-        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); print('ready', flush=True); time.sleep(30)"
-    )
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        during = backend.children_rss()
-        assert during - before >= 64 * MiB
-        import psutil
-
-        expected = sum(c.memory_info().rss for c in psutil.Process().children(recursive=True))
-        assert abs(during - expected) <= 8 * MiB, "agrees with psutil's full scan"
-    finally:
-        for c in __import__("psutil").Process().children(recursive=True):
-            c.kill()
-        child.wait()
-
-
-def test_proc_children_lists_name_a_real_child() -> None:
-    # The fast path children_rss() takes instead of psutil's scan of every process.
-    import os
-    import subprocess
-    import sys
-
-    from memexporter.backends.host import _children_from_proc
-
-    if not any(Path("/proc/self/task").glob("*/children")):
-        pytest.skip("no /proc/PID/task/TID/children here (kernel without CONFIG_PROC_CHILDREN): psutil scans instead")
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        listed = _children_from_proc(os.getpid())
-        assert listed is not None and child.pid in listed
-    finally:
-        child.kill()
-        child.wait()
 
 
 def test_rss_from_statm_agrees_with_psutil_and_grows_with_a_real_allocation() -> None:

@@ -3,8 +3,8 @@
 The lint rules follow grafana/dashboard-linter (not installable here), plus memexporter's own: the
 run and rank variables, the run and ranks selected once per query (through ``memexporter_run_info``),
 queries under VictoriaMetrics' 16 KiB cap with 1,024 ranks ticked, a bounded number of series per
-panel whatever the rank count, GPU-only panels derived from the spec table. PromQL is parsed by the
-real ``promtool``.
+panel whatever the rank count, GPU-only panels derived from the spec table. The real ``promtool``
+parses every query in tests/integration/test_dashboards_promql.py.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ from tests.support import REPO_ROOT
 from tests.support.promql import (
     BUILTINS,
     metric_names,
-    promtool_check_exprs,
     recording_rules,
     rule_exprs,
-    substitute,
 )
 from tests.support.rules import RUN_RECORDS
 
@@ -500,25 +498,6 @@ def test_drift_check_catches_an_unknown_metric() -> None:
     assert metric_names('rate(memexporter_steps{job=~"$job"}[$__rate_interval])') - _allowed_names() == {
         "memexporter_steps"
     }
-
-
-# --- PromQL parses (real promtool) ---------------------------------------------------------------
-
-
-def test_every_query_parses_with_promtool() -> None:
-    queries = {
-        f"{name}/{key}": substitute(expr)
-        for name, dash in DASHBOARDS
-        for key, expr in {**exprs(dash), **variable_selectors(dash)}.items()
-    }
-    result = promtool_check_exprs(queries)
-    assert result.returncode == 0, f"promtool check rules failed:\n{result.stdout}\n{result.stderr}"
-    assert f"{len(queries)} rules found" in result.stdout
-
-
-def test_promtool_parse_check_rejects_bad_promql() -> None:
-    result = promtool_check_exprs({"bad": 'sum(rate(memexporter_steps_total{job=~".+"}[1m])'})
-    assert result.returncode != 0
 
 
 # --- provisioning --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Phases (tracking/phases.py, ``memexporter.phase``): per-phase peak arithmetic, out-of-step phases
 kept out of the step peak, nesting and threads, the automatic forward/backward/optimizer phases of a
-real tracked model, ``step(count=)`` and the step rhythm, and the exposition.
+real tracked model, ``step(count=)`` and the step rhythm. The exposition of a running exporter, with
+promtool: tests/integration/test_exposition_promtool.py.
 
 Memory traces are SYNTHETIC (a scripted host whose RSS and high-water mark the test sets); the
 automatic-phase tests run a real ``torch.nn`` model and optimizer under a started exporter."""
@@ -8,7 +9,6 @@ automatic-phase tests run a real ``torch.nn`` model and optimizer under a starte
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,17 +16,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 import memexporter
 from memexporter.backends.base import HostSample
-from memexporter.exporter import running
 from memexporter.tracking import boundaries, phases
 from memexporter.tracking.phases import MAX_PHASES, OTHER, OUT_OF_STEP_PHASES, PhaseStats, PhaseTracker
 from memexporter.tracking.steps import StepTracker
-from tests.support.binaries import require
-from tests.support.web import get_text
 from tests.unit.fakes import FakeCuda, GiB, MiB, registry_for, sources
 from tests.unit.tracking.test_steps import ScriptedHost
 
@@ -554,52 +550,3 @@ def test_last_step_time_and_step_interval_from_the_clocks(rig: Rig) -> None:
     reg = rig.registry()
     assert reg.get_sample_value("memexporter_step_interval_seconds", {"rank": "3"}) == 3.0
     assert reg.get_sample_value("memexporter_last_step_timestamp_seconds", {"rank": "3"}) == 1.8e9 + 81
-
-
-# --- 6. The exposition of a running exporter -------------------------------------------------------
-
-PHASE_FAMILIES = {
-    "memexporter_phase_peak_bytes": ("gauge", {"rank", "device", "phase"}),
-    "memexporter_phase_duration_seconds": ("gauge", {"rank", "phase"}),
-    "memexporter_phase_completed": ("counter", {"rank", "phase"}),
-    "memexporter_phase_active": ("gauge", {"rank", "phase"}),
-    "memexporter_phase_last_change_timestamp_seconds": ("gauge", {"rank"}),
-    "memexporter_last_step_timestamp_seconds": ("gauge", {"rank"}),
-    "memexporter_step_interval_seconds": ("gauge", {"rank"}),
-}
-
-
-def test_a_running_exporter_exposes_the_phases_and_promtool_accepts_it(
-    trained: tuple[PhaseTracker, nn.Module, torch.optim.Optimizer],
-) -> None:
-    tracker, model, opt = trained
-    for _ in range(3):
-        _train(model, opt)
-    with memexporter.phase("eval"), torch.no_grad():
-        model(torch.randn(4, 8))
-    exp = running()
-    assert exp is not None and exp.url is not None
-    text = get_text(exp.url)
-    fams = {f.name: f for f in text_string_to_metric_families(text)}
-    for name, (kind, labels) in PHASE_FAMILIES.items():
-        assert name in fams, name
-        assert fams[name].type == kind, name
-        assert fams[name].samples, name
-        for s in fams[name].samples:
-            assert set(s.labels) == labels, (name, s.labels)
-    peaks = {(s.labels["device"], s.labels["phase"]) for s in fams["memexporter_phase_peak_bytes"].samples}
-    assert {("cpu", n) for n in ("forward", "backward", "optimizer", "eval")} <= peaks
-    completed = {
-        s.labels["phase"]: s.value for s in fams["memexporter_phase_completed"].samples if s.name.endswith("_total")
-    }
-    counts = {n: float(c) for n, (c, _) in _counts(tracker).items()}
-    assert completed == {**counts, "eval": 1.0}
-    assert completed["backward"] == completed["optimizer"] == 3
-    active = {s.labels["phase"]: s.value for s in fams["memexporter_phase_active"].samples}
-    assert set(active.values()) == {0.0}
-    promtool = require("promtool")
-    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.strip() == "" and out.stderr.strip() == "", (
-        "promtool has lint findings:\n" + out.stdout + out.stderr
-    )
