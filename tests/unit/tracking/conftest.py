@@ -1,5 +1,6 @@
-"""Every per-module tracking test leaves no model tracked and the process-wide hook-error counter
-as it found it (some tests inject failures), so tests stay independent of order and of each other.
+"""Every test here (the per-module tracking, the step and phase trackers, discovery) leaves no model
+tracked and the process-wide hook-error counter as it found it (some tests inject failures), so
+tests stay independent of order and of each other.
 
 Every grad-enabled forward is recorded here (``RECORD_INTERVAL_S`` 0, ``RECORD_EVERY`` 1): these tests check what a
 recorded forward counts. The rate limit has its own test, which sets the interval back."""
