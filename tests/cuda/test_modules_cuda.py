@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from memexporter.tracking.modules import ROOT_LABEL, TrackHandle, active_handles, hook_errors, track
-from tests.unit.tracking.models import Block
+from tests.support.models import Block
 
 pytestmark = [
     pytest.mark.cuda,

@@ -47,8 +47,8 @@ def memexporter_side(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     from memexporter.backends.cuda import TorchBackend
     from memexporter.backends.nvml import NvmlBackend
     from tests.support.cuda_standins import TorchStandIn
+    from tests.support.fakes import FakeHost, registry_for, sources
     from tests.support.nvml_standin import NvmlStandIn
-    from tests.unit.fakes import FakeHost, registry_for, sources
 
     a100 = load(SYNTHETIC_DIR / "a100_torch2.13_fraction.json")["answers"]
     other = copy.deepcopy(a100)  # rank 1: the same node's first GPU

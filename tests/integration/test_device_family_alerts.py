@@ -20,9 +20,9 @@ from memexporter.backends import select
 from memexporter.tracking.steps import StepTracker
 from tests.support import REPO_ROOT
 from tests.support.binaries import require
+from tests.support.fakes import FakeHost, registry_for, sources
 from tests.support.traces import Scraped, input_series
 from tests.unit.backends.test_device_families import KIND, LABEL, MPS, ROCM, XPU, answers, install
-from tests.unit.fakes import FakeHost, registry_for, sources
 
 pytestmark = pytest.mark.integration
 

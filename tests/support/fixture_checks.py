@@ -122,8 +122,8 @@ def check_mapping(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any]) -> N
     from memexporter.backends.nvml import NvmlBackend
     from memexporter.collectors.registry import catalogue
     from tests.support.cuda_standins import TorchStandIn, no_nvml
+    from tests.support.fakes import FakeHost, registry_for, sources
     from tests.support.nvml_standin import NvmlStandIn
-    from tests.unit.fakes import FakeHost, registry_for, sources
 
     TorchStandIn(answers).install(monkeypatch)
     if answers.get("nvml") is not None:

@@ -17,9 +17,9 @@ from memexporter.collectors.allocator import KEYS, NATIVE_ONLY
 from memexporter.collectors.registry import catalogue
 from memexporter.tracking.steps import StepTracker
 from tests.support.cuda_standins import TorchStandIn, load, no_nvml
+from tests.support.fakes import FakeCuda, FakeHost, GiB, MiB, registry_for, sources
 from tests.support.nvml_standin import NvmlStandIn
 from tests.support.synthetic_fixtures import SYNTHETIC_DIR
-from tests.unit.fakes import FakeCuda, FakeHost, GiB, MiB, registry_for, sources
 
 CUDA = {"rank": "3", "device": "cuda:0"}
 

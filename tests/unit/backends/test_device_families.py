@@ -24,10 +24,10 @@ from memexporter.tracking.steps import StepTracker
 from tests.support.amdsmi_standin import AMDSMI_STATUS_NO_PERM, AmdSmiStandIn, no_amdsmi
 from tests.support.cuda_standins import TorchStandIn, load
 from tests.support.device_standins import IGPU_FREE_MEMORY, MPS_BEFORE_2_13, MpsStandIn, XpuStandIn
+from tests.support.fakes import FakeHost, registry_for, sources
 from tests.support.fixture_checks import inconsistencies
 from tests.support.memory_stats import PRIVATE_POOLS, accelerator_nested, flatten, nested, xpu_nested
 from tests.support.synthetic_fixtures import FAMILIES_DIR, FAMILY_FIXTURES, render
-from tests.unit.fakes import FakeHost, registry_for, sources
 
 ROCM, XPU, MPS = "mi325x_rocm7.0_torch2.13", "arc_b60_xpu_torch2.13", "m4_max_mps_torch2.13"
 KIND = {ROCM: "cuda", XPU: "xpu", MPS: "mps"}

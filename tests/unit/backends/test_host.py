@@ -14,7 +14,7 @@ import pytest
 
 from memexporter.backends.host import HostBackend, read_cgroup
 from memexporter.tracking.steps import StepTracker
-from tests.unit.fakes import one_gpu, registry_for, sources
+from tests.support.fakes import one_gpu, registry_for, sources
 
 MiB = 1 << 20
 

@@ -11,7 +11,7 @@ from memexporter.collectors.allocator import KEYS, AllocatorCollector, fragmenta
 from memexporter.collectors.device import DeviceCollector
 from memexporter.collectors.registry import GuardedCatalogue, catalogue
 from memexporter.collectors.scrape import Scrape
-from tests.unit.fakes import (
+from tests.support.fakes import (
     SYNTHETIC_STATS,
     FakeCuda,
     FakeHost,

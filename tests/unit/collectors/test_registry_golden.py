@@ -17,7 +17,7 @@ from memexporter.serving.conn import ConnectionStats
 from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
 from tests.support import REPO_ROOT
-from tests.unit.fakes import MiB, one_gpu, sources, with_host
+from tests.support.fakes import MiB, one_gpu, sources, with_host
 
 GOLDEN = REPO_ROOT / "tests" / "golden"
 

@@ -29,7 +29,7 @@ from memexporter.tracking.modules import track
 from memexporter.tracking.phases import PhaseTracker
 from memexporter.tracking.steps import StepTracker
 from tests.support import REPO_ROOT
-from tests.unit.fakes import IDENTITY, one_gpu, sources, with_host
+from tests.support.fakes import IDENTITY, one_gpu, sources, with_host
 
 RANKS, DETAIL_RANKS = 1024, 8  # 128 nodes x 8 GPUs; detail_ranks=auto: the first node's
 BUDGET = 60  # series per rank on average, by default, at world size >= 64 (issue 25)

@@ -19,7 +19,7 @@ from memexporter.diagnose import census
 from memexporter.diagnose.dumps import CudaHooks, Premortem, write_atomic
 from memexporter.diagnose.engine import Diagnosis, next_census
 from memexporter.tracking.steps import StepTracker
-from tests.unit.fakes import FakeCuda, FakeHost, sources
+from tests.support.fakes import FakeCuda, FakeHost, sources
 
 MiB = 1 << 20
 

@@ -19,7 +19,7 @@ from memexporter.oom import risk
 from memexporter.oom.risk import OomRisk, RiskWatch, Thresholds, judge
 from memexporter.tracking import errors
 from memexporter.tracking.phases import MAX_PHASES
-from tests.unit.fakes import GiB, MiB, sources
+from tests.support.fakes import GiB, MiB, sources
 from tests.unit.tracking.test_phases import Host, Rig, make_rig
 
 LIMIT = 1024 * MiB

@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 
 from memexporter.otel import names  # noqa: E402
 from memexporter.otel.bridge import OtelBridge  # noqa: E402
-from tests.unit.fakes import FakeCuda, FakeNvml, GiB, one_gpu, registry_for, sources  # noqa: E402
+from tests.support.fakes import FakeCuda, FakeNvml, GiB, one_gpu, registry_for, sources  # noqa: E402
 
 Points = dict[str, list[tuple[dict[str, Any], float]]]
 

@@ -11,7 +11,7 @@ from memexporter.serving.live import TOP_MODULES, document, in_words
 from memexporter.tracking.history import History
 from memexporter.tracking.steps import StepTracker
 from memexporter.units import fmt_duration
-from tests.unit.fakes import FakeHost, GiB, MiB, one_gpu
+from tests.support.fakes import FakeHost, GiB, MiB, one_gpu
 
 
 def tracker() -> StepTracker:

@@ -14,7 +14,7 @@ import memexporter
 from memexporter.config import auto_track_default
 from memexporter.tracking import discover
 from memexporter.tracking.modules import active_handles
-from tests.unit.tracking.models import Deep
+from tests.support.models import Deep
 
 pytestmark = pytest.mark.usefixtures("no_exporter")  # tests/support/fixtures.py
 

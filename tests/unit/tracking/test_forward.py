@@ -11,7 +11,7 @@ from torch import nn
 
 from memexporter.tracking import schedule as tracking_schedule
 from memexporter.tracking.modules import track
-from tests.unit.tracking.models import Block, Deep, OuterCounter, all_hooks, row, totals
+from tests.support.models import Block, Deep, OuterCounter, all_hooks, row, totals
 
 
 class LitStyle(nn.Module):

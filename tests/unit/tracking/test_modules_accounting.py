@@ -11,7 +11,7 @@ from torch import nn
 
 from memexporter.tracking.modules import ROOT_LABEL, track
 from memexporter.tracking.snapshots import fold
-from tests.unit.tracking.models import (
+from tests.support.models import (
     Block,
     D,
     Deep,

@@ -14,8 +14,8 @@ from memexporter.collectors.modules import ModulesCollector
 from memexporter.collectors.scrape import Scrape
 from memexporter.tracking.modules import hook_errors, track
 from memexporter.tracking.snapshots import FAMILIES
-from tests.unit.fakes import sources
-from tests.unit.tracking.models import (
+from tests.support.fakes import sources
+from tests.support.models import (
     TiedNet,
     batch,
     train_step,

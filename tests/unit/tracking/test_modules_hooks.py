@@ -16,7 +16,7 @@ from memexporter.tracking import gradients as tracking_optimizer
 from memexporter.tracking import ledger
 from memexporter.tracking import saved as tracking_saved
 from memexporter.tracking.modules import active_handles, hook_errors, track
-from tests.unit.tracking.models import (
+from tests.support.models import (
     Deep,
     OuterCounter,
     TiedNet,

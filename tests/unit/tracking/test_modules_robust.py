@@ -14,7 +14,7 @@ from memexporter.tracking import gradients as tracking_optimizer
 from memexporter.tracking import ledger
 from memexporter.tracking import modules as tracking_modules
 from memexporter.tracking.modules import active_handles, hook_errors, inner_optimizer, track
-from tests.unit.tracking.models import Deep, all_hooks, totals, unique_param_bytes
+from tests.support.models import Deep, all_hooks, totals, unique_param_bytes
 
 
 class AcceleratedStyle(Optimizer):

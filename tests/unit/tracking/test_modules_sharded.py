@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from memexporter.tracking import gradients as tracking_optimizer
 from memexporter.tracking.modules import hook_errors, track
 from memexporter.tracking.snapshots import fold
-from tests.unit.tracking.models import Deep, unique_param_bytes
+from tests.support.models import Deep, unique_param_bytes
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from memexporter.tracking.modules import ROOT_LABEL, track
-from tests.unit.tracking.models import (
+from tests.support.models import (
     Block,
     D,
     Deep,

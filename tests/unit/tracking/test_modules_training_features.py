@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memexporter.tracking.modules import ROOT_LABEL, hook_errors, track
-from tests.unit.tracking.models import (
+from tests.support.models import (
     Deep,
     OuterCounter,
     TiedNet,

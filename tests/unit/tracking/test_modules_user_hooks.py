@@ -11,7 +11,7 @@ from torch import nn
 from torch.autograd.graph import save_on_cpu
 
 from memexporter.tracking.modules import track
-from tests.unit.tracking.models import (
+from tests.support.models import (
     Block,
     D,
     OuterCounter,

@@ -23,7 +23,7 @@ from memexporter.backends.base import HostSample
 from memexporter.tracking import boundaries, phases
 from memexporter.tracking.phases import MAX_PHASES, OTHER, OUT_OF_STEP_PHASES, PhaseStats, PhaseTracker
 from memexporter.tracking.steps import StepTracker
-from tests.unit.fakes import FakeCuda, GiB, MiB, registry_for, sources
+from tests.support.fakes import FakeCuda, GiB, MiB, registry_for, sources
 from tests.unit.tracking.test_steps import ScriptedHost
 
 

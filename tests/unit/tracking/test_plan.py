@@ -9,7 +9,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 
 from memexporter.tracking.modules import track
 from memexporter.tracking.plan import Plan, unwrap
-from tests.unit.tracking.models import Block, Deep, row, totals
+from tests.support.models import Block, Deep, row, totals
 
 
 class Wrapped(nn.Module):

@@ -15,7 +15,7 @@ import memexporter
 from memexporter.tracking import boundaries, phases
 from memexporter.tracking.modules import track
 from memexporter.tracking.steps import StepTracker
-from tests.unit.fakes import FakeCuda, FakeHost, MiB
+from tests.support.fakes import FakeCuda, FakeHost, MiB
 
 
 @dataclass
