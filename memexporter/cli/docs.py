@@ -1,13 +1,12 @@
 """Render the documentation's generated blocks from their sources of truth.
 
 Each block lives in one page of ``docs/`` between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``
-markers. ``python -m memexporter.cli.docs`` rewrites them in place; ``--check`` exits 1 when a page is
-stale (the tests run it too).
+markers. ``python -m memexporter.cli.generate docs`` rewrites them in place, and ``--check`` exits 1
+when a page is stale (the test command runs it), like every other generated file (``generate.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,6 @@ BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "config": ("configuration.md", config.reference_table),
     "otel": ("otel.md", otel_names.reference_table),
 }
-DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def render(text: str, names: list[str]) -> str:
@@ -47,31 +45,3 @@ def pages(docs: Path) -> dict[Path, list[str]]:
     for name, (page, _) in BLOCKS.items():
         found.setdefault(docs / page, []).append(name)
     return found
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m memexporter.cli.docs``: rewrite the stale generated blocks of the pages under ``--docs``,
-    printing each page rendered; with ``--check``, write nothing and print the stale pages. Exit 0, or 1
-    when ``--check`` finds a stale page."""
-    parser = argparse.ArgumentParser(prog="python -m memexporter.cli.docs", description=__doc__)
-    parser.add_argument("--docs", type=Path, default=DOCS, help="the docs folder (default: the checkout's)")
-    parser.add_argument("--check", action="store_true", help="exit 1 if a page is stale")
-    args = parser.parse_args(argv)
-    stale = []
-    for path, names in pages(args.docs).items():
-        old = path.read_text(encoding="utf-8")
-        new = render(old, names)
-        if new == old:
-            continue
-        if args.check:
-            stale.append(path)
-        else:
-            path.write_text(new, encoding="utf-8")
-            print(f"rendered {path}")
-    for path in stale:
-        print(f"{path} is stale: run python -m memexporter.cli.docs")
-    return 1 if stale else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

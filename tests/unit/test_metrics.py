@@ -96,11 +96,15 @@ def _docs_block(marker: str, page: str) -> str:
 
 
 def test_metrics_reference_is_rendered_from_the_table() -> None:
-    assert _docs_block("metrics", "metrics.md") == metrics.reference_table(), "run: python -m memexporter.cli.docs"
+    assert _docs_block("metrics", "metrics.md") == metrics.reference_table(), (
+        "run: python -m memexporter.cli.generate docs"
+    )
 
 
 def test_configuration_table_is_rendered_from_knobs() -> None:
-    assert _docs_block("config", "configuration.md") == config.reference_table(), "run: python -m memexporter.cli.docs"
+    assert _docs_block("config", "configuration.md") == config.reference_table(), (
+        "run: python -m memexporter.cli.generate docs"
+    )
 
 
 def test_families_skip_empty() -> None:

@@ -1,5 +1,6 @@
-"""``python -m memexporter.cli.docs``: it re-renders the generated tables of the docs pages in place,
-and ``--check`` tells a stale page from a fresh one (what a contributor runs after a change)."""
+"""The docs tables (memexporter/cli/docs.py) through ``python -m memexporter.cli.generate docs``: it
+re-renders the generated tables of the docs pages in place, and ``--check`` tells a stale page from
+a fresh one (what a contributor runs after a change)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memexporter.cli import docs
+from memexporter.cli import docs, generate
 from tests.support import REPO_ROOT
 
 
@@ -33,18 +34,18 @@ def stale_copy(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 
 def test_check_passes_on_the_committed_docs(capsys: pytest.CaptureFixture[str]) -> None:
-    assert docs.main(["--check"]) == 0
-    assert capsys.readouterr().out == ""
+    assert generate.main(["docs", "--check"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_check_fails_on_stale_pages_and_a_run_renders_them_back(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder, fresh = stale_copy(tmp_path)
-    assert docs.main(["--check", "--docs", str(folder)]) == 1
-    said = capsys.readouterr().out
+    assert generate.main(["docs", "--check", "--root", str(folder.parent)]) == 1
+    said = capsys.readouterr().err
     assert all(f"{page} is stale" in said for page in fresh), said
-    assert docs.main(["--docs", str(folder)]) == 0
+    assert generate.main(["docs", "--root", str(folder.parent)]) == 0
     for page, text in fresh.items():
         assert (folder / page).read_text(encoding="utf-8") == text  # everything outside the blocks is kept
 
@@ -53,4 +54,4 @@ def test_a_page_without_its_block_is_an_error(tmp_path: Path) -> None:
     folder, _ = stale_copy(tmp_path)
     (folder / "metrics.md").write_text("# no generated tables here\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"metrics:start.*metrics\.md"):
-        docs.main(["--docs", str(folder)])
+        generate.main(["docs", "--root", str(folder.parent)])
