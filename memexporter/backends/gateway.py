@@ -124,7 +124,3 @@ class DriverLibrary(Generic[D]):
             )
             return ProcessMemory(None, "not_available")
         return ProcessMemory(sum(used for used in mine if used is not None))
-
-    def warning(self, key: str, msg: str, *args: object) -> None:
-        """Log a backend's own finding once per ``key`` (then at debug level)."""
-        self._log.warning(key, msg, *args)
