@@ -39,6 +39,7 @@ def start(
     auto_track: bool | None = None,
     otel: bool | None = None,
     http: bool | None = None,
+    end_grace: int | None = None,
     debug: bool | None = None,
     debug_allow: str | list[str] | None = None,
     record_history: bool | None = None,
@@ -64,6 +65,10 @@ def start(
     OpenTelemetry: ``otel=True`` pushes the same metrics over OTLP, configured by the standard
     ``OTEL_*`` variables; ``meter_provider=`` publishes them on the application's
     ``MeterProvider`` instead (memexporter never sets the global one). ``http=False`` opens no port.
+
+    HTTP is served by a helper process that ``start()`` spawns (a fresh interpreter that never imports
+    torch): the job publishes a snapshot a second, and no scrape runs Python in the training process.
+    When the job ends, the helper serves the last snapshot and how the job ended for ``end_grace`` seconds.
 
     ``debug=True`` adds ``/debug/memory`` and ``/debug/snapshot`` (see docs/debugging.md); ``oom_dump_dir=`` writes a pre-mortem there before an OOM.
 

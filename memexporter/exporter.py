@@ -1,16 +1,17 @@
-"""Lifecycle: ``start()`` builds the sources, the collectors and the server; ``stop()`` undoes it.
+"""Lifecycle: ``start()`` builds the sources, the collectors and the helper; ``stop()`` undoes it.
 
 ``start()`` is idempotent (a second call warns and returns the running exporter), non-blocking
-(the server runs in a daemon thread), and never takes the training job down: a taken port is
-logged loudly and training goes on, unless ``strict=True``. In a forked child (a DataLoader
-worker) it does nothing.
+(the helper process binds and serves; the job publishes a snapshot a second from a daemon thread:
+``serving/job/link.py``), and never takes the training job down: a taken port is logged loudly and
+training goes on, unless ``strict=True``, which waits for the helper's report and raises. In a forked
+child (a DataLoader worker) it does nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
-import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +20,12 @@ from prometheus_client import CollectorRegistry
 from memexporter._version import __version__
 from memexporter.collectors import fleet
 from memexporter.collectors.registry import GuardedCatalogue, catalogue
-from memexporter.collectors.scrape import Identity, Sources
+from memexporter.collectors.scrape import Sources
 from memexporter.config import Config, origin
-from memexporter.serving.binding import PortAdvice, bind
 from memexporter.serving.conn import ConnectionStats
-from memexporter.serving.server import Server
+from memexporter.serving.job.binding import PortAdvice, check, port_for_rank
+from memexporter.serving.job.link import Link
+from memexporter.serving.job.starting import start_helper
 from memexporter.tracking import boundaries, phases, steps
 
 if TYPE_CHECKING:
@@ -35,10 +37,10 @@ log = logging.getLogger("memexporter")
 
 
 class Exporter:
-    """A running exporter. ``port`` is the bound port, or ``None`` when the server could not bind."""
+    """A running exporter. ``port`` is the bound port, or ``None`` when the helper could not bind."""
 
-    def __init__(self, config: Config, sources: Sources, registry: CollectorRegistry, server: Server | None) -> None:
-        self.config, self.sources, self.registry, self._server = config, sources, registry, server
+    def __init__(self, config: Config, sources: Sources, registry: CollectorRegistry, link: Link | None) -> None:
+        self.config, self.sources, self.registry, self._link = config, sources, registry, link
         self.pid = os.getpid()
         self.tracked: list[Any] = []  # handles from start(model=...), removed on stop()
         self.otel: OtelHandle | None = None  # the OpenTelemetry side (memexporter/otel/), shut down on stop()
@@ -47,12 +49,33 @@ class Exporter:
 
     @property
     def port(self) -> int | None:
-        return self._server.port if self._server is not None else None
+        """The port the helper bound: waits for its report (``REPORT_WAIT`` s at most; ``start()`` does not)."""
+        link = self._link
+        if link is None:
+            return None
+        link.wait()
+        return link.port
 
     @property
     def url(self) -> str | None:
-        """The metrics URL, with a host a browser can open (``https`` with TLS, IPv6 in brackets)."""
-        return self._server.url if self._server is not None else None
+        """The metrics URL, with a host a browser can open (``https`` with TLS, IPv6 in brackets); waits as ``port``."""
+        link = self._link
+        if link is None or self.port is None:
+            return None
+        return link.url
+
+    def flush(self) -> bool:
+        """Publish a snapshot now and wait until the helper serves it (``REPORT_WAIT`` s at most): for a
+        caller that must find what it just did on ``/metrics`` (a test, a script's last step). Snapshots
+        are otherwise published once a second. False when no helper runs."""
+        link = self._link
+        return link.flush() if link is not None and os.getpid() == self.pid else False
+
+    @property
+    def helper_pid(self) -> int | None:
+        """The helper process's id (None: none runs)."""
+        link = self._link
+        return link.proc.pid if link is not None and link.proc is not None else None
 
     def stop(self) -> None:
         """Stop serving, free the port, and remove every hook this exporter installed."""
@@ -75,9 +98,10 @@ class Exporter:
             if self.risk is not None:
                 self.risk.stop()
                 self.risk = None
-            if self._server is not None:
-                self._server.stop()
-                self._server = None
+            if self._link is not None:
+                atexit.unregister(self._link.at_exit)
+                self._link.stop()
+                self._link = None
             if _running is self:
                 self.sources.host.close()
             if _running is self:
@@ -92,7 +116,8 @@ class Exporter:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"<memexporter.Exporter url={self.url} rank={self.sources.rank}>"
+        link = self._link
+        return f"<memexporter.Exporter url={link.url if link else None} rank={self.sources.rank}>"
 
 
 _lock = threading.RLock()
@@ -103,23 +128,6 @@ def running() -> Exporter | None:
     """The exporter started in this process, if any (never the parent's, in a forked child)."""
     r = _running
     return r if r is not None and r.pid == os.getpid() else None
-
-
-def _port_for_rank(config: Config, ident: Identity) -> int:
-    """``port + LOCAL_RANK`` (0 stays 0: a free port), validated with errors that name the inputs."""
-    try:
-        local_rank = int(ident.local_rank)
-    except ValueError:
-        raise ValueError(f"memexporter: LOCAL_RANK must be an integer, got {ident.local_rank!r}") from None
-    if local_rank < 0:
-        raise ValueError(f"memexporter: LOCAL_RANK must be >= 0, got {local_rank}")
-    if not config.port:
-        return 0
-    if config.port + local_rank > 65535:
-        raise ValueError(
-            f"memexporter: port {config.port} + LOCAL_RANK {local_rank} is above 65535; lower the base port"
-        )
-    return config.port + local_rank
 
 
 def start(
@@ -143,7 +151,10 @@ def start(
         return Exporter(config, _running.sources, _running.registry, None)
     with _lock:
         if _running is not None:
-            log.warning("memexporter: already running at %s; start() returns the running exporter", _running.url)
+            log.warning(
+                "memexporter: already running at %s; start() returns the running exporter",
+                _running._link.url if _running._link else None,
+            )
             exporter = _running
             if meter_provider is not None and exporter.otel is None:
                 _attach_otel(exporter, meter_provider)  # asked for explicitly: honoured, as model= is
@@ -172,7 +183,9 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     from memexporter.tracking.history import History
 
     ident = fleet.identity(run_id=config.run_id, detail_ranks=config.detail_ranks)
-    port = _port_for_rank(config, ident)
+    port = port_for_rank(config.port, ident.local_rank)
+    if config.http:
+        check(config)  # a bad addr or TLS file (ValueError), before anything is attached
     (allocator, driver), host = select.backends(), HostBackend()
     # The diagnosis hooks (snapshots, the OOM observer) are CUDA's; elsewhere they stay idle.
     cuda = allocator if isinstance(allocator, TorchBackend) else TorchBackend()
@@ -186,20 +199,17 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GuardedCatalogue(catalogue(), sources))
     diagnostics = attach_diagnostics(config, sources, cuda)
-    routes = diagnostics.routes if diagnostics is not None else None
-    try:
-        server = bind(registry, config, port, http_stats, advice, routes, history) if config.http else None
-    except Exception:  # a bad addr or TLS file (ValueError), or strict: nothing may stay attached
-        if diagnostics is not None:
-            diagnostics.close()
-        raise
-    exporter = Exporter(config, sources, registry, server)
+    link = None
+    if config.http:
+        debug = diagnostics.debug() if diagnostics is not None else None
+        link = Link(registry, history, config, port, advice, ident.rank, http_stats, debug, grace=config.end_grace)
+    exporter = Exporter(config, sources, registry, link)
     exporter.diagnostics = diagnostics
-    if diagnostics is not None and config.http:  # the debug token file is named by the bound port
-        diagnostics.served(server.port if server is not None else None)
     try:
+        if link is not None and not start_helper(link, config.strict, diagnostics, ident.rank, lambda: tracker.steps):
+            exporter._link = None
         _attach_otel(exporter, meter_provider)
-    except Exception:  # strict=True and OTLP push cannot be set up: free the port before raising
+    except Exception:  # strict: the helper did not start or bind, or the OTLP push cannot be set up: free all first
         exporter.stop()
         raise
     boundaries.activate(tracker, auto_step=config.auto_step)
@@ -207,26 +217,13 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     watch_oom_risk(exporter)
     if config.auto_track:
         _auto_track(exporter)
-    if server is not None:
-        _say_serving(exporter.url, ident.rank)
-    elif not config.http and exporter.otel is None:
+    if not config.http and exporter.otel is None:
         log.warning(
             "memexporter: http=False and no OpenTelemetry push: nothing publishes the metrics "
             "(turn on the OTLP push: otel=True, --otel under memexporter run, or MEMEXPORTER_OTEL=1 where otel is "
             "not set explicitly; or pass meter_provider=)"
         )
     return exporter
-
-
-def _say_serving(url: str | None, rank: str) -> None:
-    """Where the metrics are, once per start: logged at INFO when the application set up logging,
-    else one line on stderr, since a script that never configures logging would see nothing and not
-    know where to look. Nothing else of memexporter's reaches stderr unasked."""
-    line = f"memexporter: serving {url} (rank {rank})"
-    if log.hasHandlers():
-        log.info("%s", line)
-    else:
-        print(line, file=sys.stderr, flush=True)
 
 
 def _auto_track(exporter: Exporter) -> None:
@@ -282,15 +279,16 @@ def stop() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The server thread does not survive fork, but its listening socket does: a DataLoader worker
-    # holding it would keep the port bound after the parent's stop(), and new connections would
-    # queue unanswered. Close the child's copy (the parent's stays open). A lock another thread
-    # held at fork time would never be released in the child: make a new one.
+    # The publishing thread does not survive fork, but its channel to the helper and the board do: a
+    # DataLoader worker holding the channel would hide the job's end from the helper (no EOF while the
+    # worker lives) and could talk to it. Close the child's copies (the parent's stay open); the child
+    # never signals the helper. A lock another thread held at fork time would never be released in the
+    # child: make a new one.
     global _lock
     _lock = threading.RLock()
     r = _running
-    if r is not None and r._server is not None:
-        r._server.close_in_child()
+    if r is not None and r._link is not None:
+        r._link.close_in_child()
     boundaries.activate(None, auto_step=False)
     phases.activate(None)
 

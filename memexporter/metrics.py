@@ -599,6 +599,23 @@ SPECS: tuple[MetricSpec, ...] = (
         counts="{connection}",
         detail=True,
     ),
+    # --- The job's end (serving/ending.py): served by the helper process after the job is gone.
+    _g(
+        "job_end_info",
+        unit="",
+        help="Present only after the training process ended, while its helper serves the last snapshot (the grace period): how it ended, as far as the helper could establish (value 1). cause: oom_kill (the memory cgroup's OOM killer killed a process of the job's cgroup while it ran: memory.events oom_kill), cuda_oom (an uncaught CUDA out-of-memory error, or one that no completed step followed), signal, exit, unknown (no exit status and no last words: SIGKILL, os._exit or a crash, reaped before the helper read it); exit_code and signal from /proc/PID/stat while the process was a zombie (absent when not established).",
+        labels=("rank", "cause", "exit_code", "signal"),
+        collector="ending",
+        otel="memexporter.job.end.info",
+    ),
+    _g(
+        "job_end_timestamp_seconds",
+        unit="seconds",
+        help="When the helper saw the training process end (Unix time); present only in the grace period, as job_end_info.",
+        labels=RANK,
+        collector="ending",
+        otel="memexporter.job.end.timestamp",
+    ),
     _g(
         "collector_success",
         unit="",

@@ -48,6 +48,7 @@ class Rank:
     doc: dict[str, Any] | None = None
     error: str = ""
     seen: float = 0.0  # monotonic time of the last answer
+    ended: float | None = None  # Unix time the job ended, as its exporter's helper says
 
 
 @dataclass
@@ -64,7 +65,11 @@ def fetch(rank: Rank, timeout: float) -> None:
     it came, else ``rank.error`` saying why (the last document is kept). Never raises."""
     try:
         with _OPENER.open(rank.url, timeout=timeout) as resp:
-            rank.doc, rank.error, rank.seen = json.loads(resp.read()), "", time.monotonic()
+            doc = json.loads(resp.read())
+        if isinstance(end := doc.get("job_end"), dict):  # its helper serves the last figures, for a while
+            rank.doc, rank.error, rank.ended = doc, f"ended: {end.get('how') or end.get('cause')}", end.get("at")
+        else:
+            rank.doc, rank.error, rank.seen, rank.ended = doc, "", time.monotonic(), None
     except Exception as exc:  # refused, timed out, not a memexporter: a marked row, never a traceback
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, ConnectionRefusedError):
@@ -80,8 +85,11 @@ def rows(board: Board) -> list[tuple[tuple[float, float], list[str], int]]:
     out = []
     for i, rank in enumerate(board.ranks):
         if rank.error:
-            if rank.doc is not None:  # it answered before: a rank that went away or hangs, marked
-                ago = f"no answer for {time.monotonic() - rank.seen:.0f} s"
+            if rank.doc is not None:  # it answered before: a rank that went away, ended or hangs, marked
+                if rank.ended is not None:
+                    ago = f"{max(0.0, time.time() - rank.ended):.0f} s ago"
+                else:
+                    ago = f"no answer for {time.monotonic() - rank.seen:.0f} s"
                 out.append(
                     ((-math.inf, 0.0), [f"rank {rank.doc['rank']}", "-", f"{rank.error}; {ago}", "", "", "", ""], i)
                 )

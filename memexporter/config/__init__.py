@@ -144,7 +144,19 @@ KNOBS: tuple[Knob, ...] = (
         False,
         "Push the metrics over OTLP, configured by the standard OTEL_EXPORTER_OTLP_* and OTEL_* variables (pip install 'memexporter[otel]'). start(meter_provider=...) uses the application's provider instead.",
     ),
-    Knob("http", kt.boolean, True, "Serve /metrics over HTTP. False (with otel) runs push-only: no port is opened."),
+    Knob(
+        "http",
+        kt.boolean,
+        True,
+        "Serve /metrics over HTTP, from a helper process that start() spawns (it binds the port). False (with otel) runs push-only: no port is opened, no helper started.",
+    ),
+    Knob(
+        "end_grace",
+        kt.non_negative,
+        65,
+        "Seconds the helper keeps serving the last snapshot after the training process ended, with memexporter_job_end_info saying how it ended; then it exits. The default covers two scrapes at a 30 s interval. 0: it exits at once.",
+        "an integer >= 0 (seconds)",
+    ),
     Knob(
         "debug",
         kt.boolean,
@@ -222,6 +234,7 @@ class Config:
     auto_track: bool
     otel: bool
     http: bool
+    end_grace: int
     debug: bool
     debug_allow: tuple[str, ...]
     record_history: bool

@@ -165,6 +165,7 @@ class CudaHooks:
         self.record_history = record_history
         self.ready = not (record_history or directory)
         self.dumps: list[str] = []
+        self.listeners: list[Any] = []  # called with (device, asked) at each OOM: the board's last words
         self._pid = os.getpid()
 
     def on_boundary(self, step: int) -> None:
@@ -182,6 +183,12 @@ class CudaHooks:
     def on_oom(self, device: int, asked: int, device_limit: int, device_free: int) -> None:
         """The allocator's OOM observer: take the snapshot and the findings now, and hand them to
         the writer. Never raises."""
+        if not self.diagnosis.closed and os.getpid() == self._pid:
+            for listener in self.listeners:
+                try:
+                    listener(device, asked)
+                except Exception:
+                    log.debug("memexporter: an OOM listener failed", exc_info=True)
         if self.diagnosis.closed or os.getpid() != self._pid or len(self.dumps) >= MAX_OOM_DUMPS or not self.directory:
             return
         try:

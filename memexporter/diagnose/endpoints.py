@@ -1,13 +1,12 @@
-"""The ``/debug`` endpoints, as WSGI apps for ``server.Route``.
+"""The ``/debug`` endpoints, as WSGI apps the job runs when its helper hands it a request.
 
-Two checks, both needed. The peer address (``REMOTE_ADDR``; no forwarded-for header is trusted):
-loopback, or a network named in ``debug_allow``, else 403. Then this process's token
-(``token.py``): loopback is every local user, not the job's, so the request must carry the secret
-that only the job's user can read, else 403 with where to find it. ``/debug/memory`` answers from the published
+The helper checks who asks first (``serving/guard.py``: the peer address, then this process's token
+from ``token.py``, then the shared rate limit) and forwards only what passes; the job answers on its
+publishing thread, never the training thread (``serving/job/link.py``). ``/debug/memory`` answers from the published
 findings and never waits on the training loop. ``/debug/snapshot`` returns the CUDA caching
 allocator's snapshot (``torch.cuda.memory._snapshot()``) as a pickle that PyTorch's memory_viz
 opens; it reads allocator bookkeeping under the allocator's own lock, not a tensor, so it is
-taken on the request thread (and still answers when the training loop is stuck, which is when
+taken on the publishing thread (and still answers when the training loop is stuck, which is when
 it is wanted most). 409 when this process has not initialised CUDA.
 """
 
@@ -23,23 +22,10 @@ from urllib.parse import parse_qs
 from memexporter.diagnose.engine import Diagnosis
 from memexporter.diagnose.report import DEFAULT_TOP, document
 from memexporter.diagnose.token import TOKEN_ENV, DebugToken, runtime_dirs
-from memexporter.serving.router import ADMIT, too_many
-from memexporter.serving.server import Route, WSGIApp
+from memexporter.serving.guard import plain as _plain
+from memexporter.serving.handler import WSGIApp
 
 StartResponse = Callable[..., Any]
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def is_allowed(peer: str, networks: Sequence[Network]) -> bool:
-    """Whether ``peer`` (an IP address string) is loopback or inside one of ``networks``."""
-    try:
-        ip = ipaddress.ip_address(peer.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped  # a dual-stack socket reports IPv4 peers as ::ffff:a.b.c.d
-    return ip.is_loopback or any(ip in net for net in networks)
-
 
 # Networks an allow-list may name without a warning: private and link-local address space.
 _LOCAL_NETWORKS = [
@@ -69,22 +55,6 @@ def public_networks(allow: Sequence[str]) -> list[str]:
     return out
 
 
-def _plain(
-    start_response: StartResponse, status: str, text: str, head: bool, headers: Sequence[tuple[str, str]] = ()
-) -> Iterable[bytes]:
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), *headers])
-    return [] if head else [text.encode()]
-
-
-def presented(environ: dict[str, Any]) -> str | None:
-    """The token a request carries: ``Authorization: Bearer <token>``, else ``?token=<token>``."""
-    scheme, _, value = str(environ.get("HTTP_AUTHORIZATION", "")).strip().partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    values = parse_qs(str(environ.get("QUERY_STRING", ""))).get("token", [])
-    return values[-1] if values else None
-
-
 def token_hint(token: DebugToken) -> str:
     """Where the token is, for the 403's one line (the path, never the token)."""
     where = str(token.path) if token.path is not None else f"{runtime_dirs()[0]}/memexporter-<host>-<pid>-<port>.token"
@@ -93,38 +63,6 @@ def token_hint(token: DebugToken) -> str:
         f"user, reads it from {where} (or give it with --token or {TOKEN_ENV}); send it as "
         "'Authorization: Bearer <token>' or ?token=<token>\n"
     )
-
-
-def guarded(app: WSGIApp, allow: Sequence[str], token: DebugToken | None) -> WSGIApp:
-    """``app`` for allowed peers that carry ``token`` (None: no token asked, for tests of the app);
-    403 with the knob to change, or where the token is, for everyone else."""
-    networks = [ipaddress.ip_network(n) for n in allow]
-
-    def wrapper(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        head = environ.get("REQUEST_METHOD") == "HEAD"
-        if not is_allowed(str(environ.get("REMOTE_ADDR", "")), networks):
-            return _plain(
-                start_response,
-                "403 Forbidden",
-                "forbidden: the debug endpoints answer loopback "
-                "clients only; name more networks with debug_allow= or MEMEXPORTER_DEBUG_ALLOW\n",
-                head,
-            )
-        if token is not None and not token.accepts(presented(environ)):
-            return _plain(
-                start_response,
-                "403 Forbidden",
-                token_hint(token),
-                head,
-                [("WWW-Authenticate", 'Bearer realm="memexporter /debug"')],
-            )
-        # The shared rate limit (serving/router.py), only now: a refused client spent no turn.
-        admit = environ.get(ADMIT)
-        if callable(admit) and (wait := float(admit())) > 0:
-            return too_many(wait)(environ, start_response)
-        return app(environ, start_response)
-
-    return wrapper
 
 
 def _top(environ: dict[str, Any]) -> int:
@@ -186,20 +124,17 @@ def snapshot_app(snapshot: Callable[[], dict[str, Any] | None], rank: str) -> WS
     return app
 
 
-def routes(
-    diagnosis: Diagnosis, snapshot: Callable[[], dict[str, Any] | None], allow: Sequence[str], token: DebugToken | None
-) -> dict[str, Route]:
-    """The debug routes, each behind the peer check and the token, then the shared rate limit."""
+def routes(diagnosis: Diagnosis, snapshot: Callable[[], dict[str, Any] | None]) -> dict[str, tuple[WSGIApp, str]]:
+    """The debug apps by path, with the landing page's line for each. The helper puts each behind the
+    peer check and the token, then the shared rate limit (``serving/forward.py``)."""
     rank = diagnosis.sources.rank
     return {
-        "/debug/memory": Route(
-            guarded(memory_app(diagnosis), allow, token),
+        "/debug/memory": (
+            memory_app(diagnosis),
             "tensor census, growing groups and their holders, OOM view (JSON; needs the token)",
-            admits=True,
         ),
-        "/debug/snapshot": Route(
-            guarded(snapshot_app(snapshot, rank), allow, token),
+        "/debug/snapshot": (
+            snapshot_app(snapshot, rank),
             "CUDA allocator snapshot (pickle for pytorch.org/memory_viz; needs the token)",
-            admits=True,
         ),
     }

@@ -2,10 +2,11 @@
 dump directory, the debug token. ``attach()`` is called by ``exporter.start()``;
 ``Diagnostics.close()`` by ``stop()``.
 
-The token file is named by the port (``token.py``). ``attach()`` runs before the server binds, so
+The token file is named by the port (``token.py``). ``attach()`` runs before the helper binds, so
 it writes the file for the port the exporter is about to bind (``port + LOCAL_RANK``);
-``Diagnostics.served(port)``, called once the server is bound, corrects it (port 0) or removes it
-(the bind failed).
+``Diagnostics.served(port)``, called once the helper reports the bind, corrects it (port 0) or removes it
+(the bind failed). ``Diagnostics.debug()`` is what the helper needs to guard the routes (the allow-list,
+the token's value, where the token file is) and the apps the job answers with.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from dataclasses import dataclass
 from memexporter.collectors.scrape import Sources
 from memexporter.config import Config
 from memexporter.diagnose.dumps import AllocatorSource, CudaHooks, Premortem
-from memexporter.diagnose.endpoints import public_networks, routes
+from memexporter.diagnose.endpoints import public_networks, routes, token_hint
 from memexporter.diagnose.engine import Diagnosis
 from memexporter.diagnose.token import DebugToken
-from memexporter.serving.server import Route
+from memexporter.serving.handler import WSGIApp
+from memexporter.serving.job.debug import Debug
 
 __all__ = ["Diagnosis", "Diagnostics", "attach"]
 
@@ -32,10 +34,19 @@ class Diagnostics:
     """The diagnosis of one exporter: its findings, its HTTP routes (when debug is on), its hooks."""
 
     diagnosis: Diagnosis
-    routes: dict[str, Route]
+    apps: dict[str, tuple[WSGIApp, str]]  # path: (the app the job answers with, its landing-page line)
     cuda: CudaHooks
     premortem: Premortem | None
     token: DebugToken | None = None
+    allow: tuple[str, ...] = ()
+
+    def debug(self) -> Debug | None:
+        """The debug routes for the helper (None when debug is off)."""
+        if not self.apps:
+            return None
+        token = self.token
+        hint = token_hint(token) if token is not None else ""
+        return Debug(self.apps, self.allow, token.value if token is not None else None, hint)
 
     def served(self, port: int | None) -> None:
         """The server is bound to ``port`` (None: it could not bind): the token file follows."""
@@ -86,8 +97,8 @@ def attach(config: Config, sources: Sources, allocator: AllocatorSource) -> Diag
             "memexporter: debug=True with http=False: no port is open, so there are no /debug endpoints; "
             "the census, the leak log line and oom_dump_dir still work"
         )
-    debug_routes = routes(diagnosis, allocator.memory_snapshot, config.debug_allow, token) if config.debug else {}
-    diagnostics = Diagnostics(diagnosis, debug_routes, cuda, premortem, token)
+    apps = routes(diagnosis, allocator.memory_snapshot) if config.debug else {}
+    diagnostics = Diagnostics(diagnosis, apps, cuda, premortem, token, config.debug_allow)
     if token is not None:
         _warn_open(config.debug_allow)
         if config.port and sources.identity.local_rank.isdigit():  # the exporter has checked it

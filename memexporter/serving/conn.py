@@ -16,6 +16,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from memexporter.metrics import REASONS
@@ -50,6 +51,14 @@ class ConnectionStats:
     def count(self, reason: str) -> None:
         with self._lock:
             self._counts[reason] += 1
+
+    def set(self, counts: Mapping[str, int]) -> None:
+        """Take the totals another process counted (the helper's, sent over the channel; in the job
+        they feed ``memexporter_http_dropped_connections_total``). Unknown reasons are ignored."""
+        with self._lock:
+            for reason, n in counts.items():
+                if reason in self._counts:
+                    self._counts[reason] = int(n)
 
     def dropped(self) -> dict[str, int]:
         """``{reason: connections}`` for every reason in ``REASONS``."""

@@ -1,122 +1,92 @@
-"""``/metrics``: the registry in the scraper's format, rendered fresh unless the server is busy.
+"""``/metrics`` and ``/live.json`` in the helper: the job's latest snapshot, shaped as the client asks.
 
-What prometheus_client's ``make_wsgi_app`` does (text, or OpenMetrics when ``Accept`` asks for
-it; gzip when ``Accept-Encoding`` allows; ``?name[]=a&name[]=b`` keeps only the samples named),
-plus a cache of the last answer per variant (format x gzip x names, ``VARIANTS`` of them).
-
-A request gets a fresh render, so a scrape right after a step sees that step, unless the
-server's CPU budget has been in debt in the last ``REUSE_FOR`` seconds (a flood): then it gets
-its variant's last render while that is younger than ``REUSE_FOR``. Under a flood each variant is thus rendered (and gzipped) at most
-once per ``REUSE_FOR``, and a scraper still gets data at most that old. A render that began
-after a request arrived serves it too (concurrent scrapes share it).
-
-prometheus_client's own ``name[]`` path (``restricted_registry``) finds nothing here: it looks
-collectors up by the names their ``describe()`` gave at registration, and ours describes nothing
-(describing would collect, and touch the GPU, at ``start()``). So the samples are filtered here.
+What prometheus_client's ``make_wsgi_app`` negotiates (text, or OpenMetrics when ``Accept`` asks for
+it; gzip when ``Accept-Encoding`` allows; ``?name[]=a&name[]=b`` keeps only the samples named), made
+from the text body the job published (``textformat.py``), never by calling into the job: a scrape
+runs no Python in the training process. Each variant (format x gzip x names, ``VARIANTS`` of them) is
+made once per snapshot and served from a cache until the next one, so a flood costs the helper a copy
+per request. The snapshot is at most ``job/link.py``'s ``PUBLISH_EVERY`` old (about a second).
 """
 
 from __future__ import annotations
 
-import copy
 import gzip
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from prometheus_client.exposition import choose_encoder, gzip_accepted
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
-from memexporter.serving.budget import Budget
+from memexporter.serving.board import Snapshot
+from memexporter.serving.textformat import only, to_openmetrics
 
-REUSE_FOR = 0.5  # seconds a render may serve a busy server's scrapers (below a 1 s scrape interval)
-VARIANTS = 8  # renders kept: format x gzip x name[] filter
+VARIANTS = 8  # renders kept per snapshot: format x gzip x name[] filter
+OPENMETRICS = "application/openmetrics-text"
 
 Key = tuple[str, bool, frozenset[str] | None]
 
 
 @dataclass(frozen=True)
 class Render:
-    """One cached render of a variant: when it began (monotonic seconds), its headers, and its body (gzipped
-    when the variant is)."""
+    """One variant of one snapshot: its headers and its body (gzipped when the variant is)."""
 
-    started: float  # monotonic seconds
     headers: list[tuple[str, str]]
     body: bytes
 
 
-class _Only:
-    """``registry`` restricted to the samples named (prometheus_client's ``name[]`` semantics)."""
-
-    def __init__(self, registry: Collector, names: frozenset[str]) -> None:
-        self._registry, self._names = registry, names
-
-    def collect(self) -> Iterator[Metric]:
-        for family in self._registry.collect():
-            samples = [s for s in family.samples if s.name in self._names]
-            if samples:
-                kept = copy.copy(family)
-                kept.samples = samples
-                yield kept
-
-
 class Exposition:
-    """The ``/metrics`` WSGI app over ``registry``; ``budget`` says whether the server is busy.
+    """The WSGI app of one section of the snapshot that ``current()`` returns: ``text`` (``/metrics``) or
+    ``live`` (``/live.json``). ``current()`` returns the same object until something changed."""
 
-    ``encode`` (with its ``content_type``) renders the registry another way, through the same
-    cache and budget: the live page's ``/live.json`` (``serving/live.py``).
-    """
-
-    def __init__(
-        self,
-        registry: Collector,
-        budget: Budget,
-        clock: Callable[[], float] = time.monotonic,
-        encode: Callable[[Collector], bytes] | None = None,
-        content_type: str = "application/json",
-    ) -> None:
-        self._registry, self._budget, self._clock = registry, budget, clock
-        self._encode, self._content_type = encode, content_type
-        self._lock = threading.Lock()  # one render at a time: the GIL would serialise them anyway
+    def __init__(self, current: Callable[[], Snapshot | None], section: str = "text") -> None:
+        self._current, self._section = current, section
+        self._lock = threading.Lock()
+        self._for: Snapshot | None = None
         self._renders: OrderedDict[Key, Render] = OrderedDict()
-        self.renders = 0  # renders made (for tests and benchmarks)
+        self.renders = 0  # variants made (for tests and benchmarks)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        arrived = self._clock()
-        encoder, content_type = choose_encoder(str(environ.get("HTTP_ACCEPT") or ""))
-        if self._encode is not None:
-            encoder, content_type = self._encode, self._content_type
+        snapshot = self._current()
+        if snapshot is None or self._section not in snapshot.sections:
+            start_response(
+                "503 Service Unavailable",
+                [("Content-Type", "text/plain"), ("Retry-After", "1")],
+            )
+            return [b"no snapshot from the training process yet; it publishes within a second of start()\n"]
+        if self._section == "text":
+            content_type = choose_encoder(str(environ.get("HTTP_ACCEPT") or ""))[1]
+            names = parse_qs(str(environ.get("QUERY_STRING") or "")).get("name[]")
+        else:
+            content_type, names = "application/json", None
         gzipped = gzip_accepted(str(environ.get("HTTP_ACCEPT_ENCODING") or ""))
-        names = parse_qs(str(environ.get("QUERY_STRING") or "")).get("name[]")
         key: Key = (content_type, gzipped, frozenset(names) if names is not None else None)
         with self._lock:
+            if snapshot is not self._for:
+                self._for = snapshot
+                self._renders.clear()
             render = self._renders.get(key)
-            if render is None or not self._reusable(render, arrived):
-                render = self._render(key, encoder)
+            if render is None:
+                render = self._render(snapshot.sections[self._section], key)
                 self._renders[key] = render
                 while len(self._renders) > VARIANTS:
                     self._renders.popitem(last=False)
             self._renders.move_to_end(key)
-        start_response("200 OK", render.headers)
+        start_response("200 OK", list(render.headers))
         return [render.body]
 
-    def _reusable(self, render: Render, arrived: float) -> bool:
-        if render.started > arrived:  # began after this request came: as fresh as a new one
-            return True
-        return self._clock() - render.started < REUSE_FOR and self._budget.busy(REUSE_FOR)
-
-    def _render(self, key: Key, encoder: Callable[[Any], bytes]) -> Render:
+    def _render(self, body: bytes, key: Key) -> Render:
         content_type, gzipped, names = key
-        started = self._clock()
-        body = encoder(self._registry if names is None else _Only(self._registry, names))
+        if names is not None:
+            body = only(body, names)
+        if content_type.startswith(OPENMETRICS):
+            body = to_openmetrics(body)
         headers = [("Content-Type", content_type)]
         if gzipped:
             body = gzip.compress(body, compresslevel=6)
             headers.append(("Content-Encoding", "gzip"))
         headers.append(("Content-Length", str(len(body))))
         self.renders += 1
-        return Render(started, headers, body)
+        return Render(headers, body)

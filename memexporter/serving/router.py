@@ -1,5 +1,5 @@
-"""The exporter's routes as one WSGI app: ``/metrics``, ``/`` (the live page), ``/live.json``,
-``/healthz`` and extra ``Route``s.
+"""The helper's routes as one WSGI app: ``/metrics``, ``/`` (the live page), ``/live.json``,
+``/healthz`` and extra ``Route``s (the debug routes, ``forward.py``).
 
 - ``/healthz`` and ``/`` are bytes made once; anything else is a 404, methods other than GET
   and HEAD a 405.
@@ -7,8 +7,9 @@
   as a GET), with the GET's ``Content-Length`` and no body.
 - **429** with ``Retry-After``: an extra route (the ``/debug`` endpoints, whose answers are
   large) above ``EXTRA_RATE`` requests a second (``EXTRA_BURST`` at once); and while the
-  server's CPU budget is in debt, every route but ``/metrics`` (served from its cache then) and
-  ``/healthz`` (a liveness probe must not fail because of someone else's flood).
+  server's CPU budget is in debt, every route but ``/metrics`` and ``/live.json`` (their cached
+  variants cost a copy) and ``/healthz`` (a liveness probe must not fail because of someone else's
+  flood).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from memexporter.serving.budget import Budget, RateLimit, retry_after
 from memexporter.serving.handler import WSGIApp
-from memexporter.serving.live import LIVE_PATH, page
+from memexporter.serving.page import LIVE_PATH, page
 
 ADMIT = "memexporter.admit"
 """WSGI environ key: ``take()`` of the extra routes' rate limit, seconds to wait (0: go ahead)."""
@@ -43,7 +44,7 @@ class Route:
 
 
 def landing(title: str, routes: Mapping[str, Route]) -> bytes:
-    """The live page (``serving/live.py``) with a link to every endpoint."""
+    """The live page (``serving/page.py``) with a link to every endpoint."""
     links = [
         ("metrics", "Prometheus metrics"),
         (LIVE_PATH.lstrip("/"), "this page's data (JSON)"),

@@ -1,11 +1,11 @@
-"""The HTTP endpoint: the exposition behind a router, on a hardened server with a CPU budget.
+"""The HTTP endpoint the helper runs: the snapshots behind a router, on a hardened server with a CPU budget.
 
-``/metrics`` (``serving.exposition``: prometheus_client's encoders, text or OpenMetrics as the
-scraper's ``Accept`` asks, cached per variant while the server is busy), ``/`` (a landing page),
+``/metrics`` and ``/live.json`` (``serving.exposition``: the latest snapshot, text or OpenMetrics as
+the scraper's ``Accept`` asks, each variant made once per snapshot), ``/`` (a landing page),
 ``/healthz`` and any extra ``Route`` (``serving.router``); anything else is a 404. The server
 under it is ``memexporter.serving``: a CPU budget for everything clients trigger, a bounded
 number of connections, one deadline per connection, TLS handshakes that cannot block the
-acceptor, nothing on the job's stderr, and a ``stop()`` that closes every connection at once.
+acceptor, nothing on anyone's stderr, and a ``stop()`` that closes every connection at once.
 
 Why not prometheus_client's ``start_wsgi_server``: one thread per connection with no cap, an idle
 timeout that restarts on every byte (a trickling client holds a thread forever), a traceback on
@@ -18,21 +18,18 @@ from __future__ import annotations
 import errno
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from prometheus_client.registry import Collector
-
+from memexporter.serving.board import Snapshot
 from memexporter.serving.budget import Budget
 from memexporter.serving.conn import ConnectionStats
 from memexporter.serving.exposition import Exposition
 from memexporter.serving.handler import WSGIApp, answerer
 from memexporter.serving.listener import BACKLOG, DEADLINE, Listener
-from memexporter.serving.live import encoder as live_encoder
 from memexporter.serving.router import Route, router
-from memexporter.tracking.history import History
 
-__all__ = ["Route", "Server", "WSGIApp", "router", "serve", "tls_context", "url"]
+__all__ = ["Route", "Server", "WSGIApp", "listening_socket", "router", "serve", "tls_context", "url"]
 
 
 @dataclass
@@ -43,7 +40,7 @@ class Server:
     addr: str
     port: int
     tls: bool
-    exposition: Exposition | None = None  # /metrics (``renders`` counts them)
+    exposition: Exposition | None = None  # /metrics (``renders`` counts its variants)
 
     @property
     def stats(self) -> ConnectionStats:
@@ -100,8 +97,8 @@ def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
     return context
 
 
-def _listening_socket(addr: str, port: int) -> socket.socket:
-    """Bound and listening, with no name resolution: ``addr`` must be an IP literal.
+def listening_socket(addr: str, port: int, listen: bool = True) -> socket.socket:
+    """Bound and listening (``listen``), with no name resolution: ``addr`` must be an IP literal.
 
     ``ValueError`` for an address that is not one, or not one of this host's; ``OSError`` for
     the rest (a port that is taken, a privileged port).
@@ -116,7 +113,8 @@ def _listening_socket(addr: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart while TIME_WAITs linger
         sock.bind(sockaddr)
-        sock.listen(BACKLOG)
+        if listen:
+            sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRNOTAVAIL:
@@ -129,7 +127,7 @@ def _listening_socket(addr: str, port: int) -> socket.socket:
 
 
 def serve(
-    registry: Collector,
+    current: Callable[[], Snapshot | None],
     port: int,
     addr: str,
     certfile: str | None = None,
@@ -139,19 +137,20 @@ def serve(
     stats: ConnectionStats | None = None,
     deadline: float = DEADLINE,
     budget: Budget | None = None,
-    history: History | None = None,
+    sock: socket.socket | None = None,
 ) -> Server:
-    """Bind and serve in a daemon thread, without blocking on DNS or on any client.
+    """Bind (or take ``sock``, bound and listening) and serve ``current()``'s snapshots in daemon threads,
+    without blocking on DNS or on any client.
 
     Raises ``ValueError`` for a bad address or bad TLS files, ``OSError`` when binding fails
     otherwise (the port is taken, say).
     """
     context = tls_context(certfile, keyfile) if certfile and keyfile else None
     budget = budget or Budget()
-    exposition = Exposition(registry, budget)
-    live = Exposition(registry, budget, encode=live_encoder(history))  # the live page's data, cached alike
+    exposition = Exposition(current, "text")
+    live = Exposition(current, "live")  # the live page's data
     app = router(exposition, title, routes, budget, live)
-    sock = _listening_socket(addr, port)
+    sock = sock if sock is not None else listening_socket(addr, port)
     bound = int(sock.getsockname()[1])
     listener = Listener(
         sock, answerer(app, bound), stats or ConnectionStats(), context, deadline=deadline, budget=budget

@@ -1,4 +1,4 @@
-"""The last half hour of each device's step baseline and peak, for the live page (``serving/live.py``).
+"""The last half hour of each device's step baseline and peak, for the live page (``serving/job/live.py``).
 
 Fed at step boundaries on the training thread, at most once every ``INTERVAL_S`` seconds, from what
 the step tracker has just computed (``StepTracker.latest``: a dict copy, no device read), so a job

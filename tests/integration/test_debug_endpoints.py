@@ -26,7 +26,8 @@ from torch import nn
 
 import memexporter
 from memexporter.exporter import running
-from memexporter.serving.server import router
+from memexporter.serving.guard import accepts, guarded
+from memexporter.serving.server import Route, router
 from memexporter.tracking import boundaries
 from tests.support.ports import free_port
 
@@ -142,8 +143,15 @@ def test_memory_document_names_the_growing_group_and_its_holder() -> None:
 def test_peers_outside_loopback_and_the_allowed_networks_get_403(peer: str, allow: str | None, status: str) -> None:
     exp = memexporter.start(port=0, addr="127.0.0.1", debug=True, debug_allow=allow)
     assert exp.diagnostics is not None
-    # The router as the server runs it, with the exporter's own debug routes behind their check.
-    app = router(make_wsgi_app(exp.registry), "memexporter", exp.diagnostics.routes)
+    debug = exp.diagnostics.debug()
+    assert debug is not None
+    # The router as the helper runs it, with the exporter's own debug routes behind their checks, the
+    # forwarding to the job replaced by a call of the job's apps.
+    routes = {
+        path: Route(guarded(app, debug.allow, accepts(debug.token), debug.hint), description, admits=True)
+        for path, (app, description) in debug.apps.items()
+    }
+    app = router(make_wsgi_app(exp.registry), "memexporter", routes)
     for path in ("/debug/memory", "/debug/snapshot"):
         got, body = call(app, path, peer, token=token_of(exp))
         if status.startswith("403"):

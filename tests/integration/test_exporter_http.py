@@ -188,10 +188,10 @@ def test_module_stop_and_with_block_stop_the_running_exporter(how: str) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if how == "with":
         with memexporter.start(port=port, addr="127.0.0.1") as exp:
-            assert memexporter.exporter.running() is exp and not bindable(port)
+            assert memexporter.exporter.running() is exp and exp.port == port and not bindable(port)
     else:
         exp = memexporter.start(port=port, addr="127.0.0.1")
-        assert memexporter.exporter.running() is exp and not bindable(port)
+        assert memexporter.exporter.running() is exp and exp.port == port and not bindable(port)
         memexporter.stop()
     assert memexporter.exporter.running() is None
     assert bindable(port), "the port is still held after stop"
@@ -221,9 +221,9 @@ def test_torchrun_rank_binds_port_plus_local_rank(monkeypatch: pytest.MonkeyPatc
     assert all('rank="5"' in line for line in series), "every series carries rank"
 
 
-def _listening_ports() -> set[int]:
-    """TCP ports this process holds a listening socket on (its own file descriptors, via psutil)."""
-    return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+def _listening_ports(pid: int | None = None) -> set[int]:
+    """TCP ports a process (this one by default) holds a listening socket on (its own descriptors, via psutil)."""
+    return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
 def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, rows: int) -> None:
@@ -250,7 +250,8 @@ def test_forked_child_serves_counts_and_hooks_nothing(monkeypatch: pytest.Monkey
     assert port is not None and steps is not None
     _train_step(model, opt, rows=2)
     # The same observations in the parent see a serving, counting exporter: they can fail.
-    assert steps.steps == 1 and port in _listening_ports() and sum(handle.snapshot().activation) > 0
+    assert steps.steps == 1 and sum(handle.snapshot().activation) > 0
+    assert port in _listening_ports(exp.helper_pid) and port not in _listening_ports()  # the helper's, not the job's
     assert len(list(exp.registry.collect())) > 0
 
     def at_fork() -> dict[str, object]:
@@ -412,6 +413,7 @@ def test_name_filter_returns_only_the_named_samples(accept: str) -> None:
     for _ in range(3):
         model(torch.randn(2, 4)).sum().backward()
         opt.step()
+    assert exp.flush()  # the snapshot with the third step (one is published each second)
     status, _, body = get(
         base(exp) + "/metrics?name[]=memexporter_steps_total&name%5B%5D=memexporter_build_info",
         {"Accept": accept} if accept else None,
@@ -443,6 +445,7 @@ def test_start_with_model_on_a_running_exporter_tracks_it() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     exp = memexporter.start(port=0, addr="127.0.0.1", model=model)
     (handle,) = exp.tracked
+    assert exp.flush()
     body = get(base(exp) + "/metrics")[2]
     assert "memexporter_module_parameter_bytes" in body
     exp.stop()

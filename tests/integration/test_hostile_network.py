@@ -1,6 +1,8 @@
-"""A hostile network against the exporter inside a training process: trickling clients, port
-scans, bursts, idle connections across stop(), a low descriptor limit. The exporter runs on
-loopback, in this process or in a child whose stderr and descriptors the test inspects."""
+"""A hostile network against the exporter of a training process: trickling clients, port scans, bursts,
+idle connections across stop(), a low descriptor limit. The exporter runs on loopback, started in this
+process or in a child whose stderr and descriptors the test inspects; its HTTP server runs in the helper
+process (``server_threads`` counts that process's threads), or in this process for the tests of the
+server alone (``serve()`` over ``tests.support.snapshots.rendering``)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from prometheus_client import CollectorRegistry
 import memexporter
 from memexporter.serving import budget, listener, server
 from tests.support.hostile import burst, open_fds, reset_connection, trickle
+from tests.support.snapshots import rendering
 from tests.support.stderr import besides_serving
 from tests.support.web import get_text
 
@@ -47,8 +50,12 @@ def dropped(body: str) -> dict[str, float]:
     }
 
 
-def server_threads() -> int:
-    return sum(1 for t in threading.enumerate() if t.name.startswith("memexporter-http"))
+def server_threads(exp: Any) -> int:
+    """The helper's threads but its main one: the acceptor and the workers answering (0 once it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{exp.helper_pid}/task")) - 1
+    except (OSError, TypeError):
+        return 0
 
 
 @pytest.mark.slow
@@ -61,7 +68,7 @@ def test_trickling_clients_are_cut_at_the_deadline_and_never_hold_a_thread_each(
     def watch() -> None:  # what the server costs while 100 clients trickle, and whether it still serves
         nonlocal peak_threads
         while not done.is_set():
-            peak_threads = max(peak_threads, server_threads())
+            peak_threads = max(peak_threads, server_threads(exp))
             t0 = time.monotonic()
             scrape(exp.port or 0)
             scrape_s.append(time.monotonic() - t0)
@@ -79,7 +86,9 @@ def test_trickling_clients_are_cut_at_the_deadline_and_never_hold_a_thread_each(
     # The acceptor and at most WORKERS answering scrapes: never one thread per client.
     assert peak_threads <= listener.WORKERS + 1, peak_threads
     assert scrape_s and max(scrape_s) < 3.0, f"scrapes during the trickle took up to {max(scrape_s):.1f} s"
-    counts = dropped(scrape(exp.port))
+    end = time.monotonic() + 10  # the helper's counts reach the job within a second, its snapshot within another
+    while (counts := dropped(scrape(exp.port)))["timeout"] + counts["evicted"] < 100 and time.monotonic() < end:
+        time.sleep(0.2)
     assert counts["timeout"] + counts["evicted"] >= 100, counts
 
 
@@ -170,8 +179,10 @@ def test_port_scans_resets_and_idle_clients_leave_nothing_on_stderr(tmp_path: Pa
             reset_connection(port, send=b"GET /metrics HTTP/1.1\r\n" if i % 2 else b"")
         for _ in range(20):
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
-        time.sleep(0.5)
-        body = scrape(port)
+        # The helper's counts reach the job within a second, and its next snapshot within another.
+        end = time.monotonic() + 10
+        while dropped(body := scrape(port)).get("reset", 0) < 60 and time.monotonic() < end:
+            time.sleep(0.2)
         _out, err = child.communicate("", timeout=60)
     finally:
         child.kill()
@@ -192,6 +203,7 @@ def test_a_burst_of_200_connections_gets_no_1s_outlier() -> None:
 
 def test_stop_closes_connections_accepted_before_it() -> None:
     exp = memexporter.start(port=0, addr="127.0.0.1")
+    helper = exp.helper_pid
     early = socket.create_connection(("127.0.0.1", exp.port or 0), timeout=5)
     time.sleep(0.2)  # accepted by now
     exp.stop()
@@ -203,7 +215,7 @@ def test_stop_closes_connections_accepted_before_it() -> None:
     finally:
         early.close()
     assert not reply.startswith(b"HTTP/1.0 200"), "a request after stop() was answered"
-    assert server_threads() == 0
+    assert helper is not None and not psutil.pid_exists(helper), "the helper outlived stop()"
 
 
 def test_stop_returns_without_waiting_for_a_poll_interval() -> None:
@@ -250,7 +262,7 @@ def big(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable
 def test_a_client_lost_while_its_answer_is_written_is_counted(how: str, reason: str) -> None:
     # Before: wsgiref swallowed the reset (and the timeout) while writing: not counted at all.
     srv = server.serve(
-        CollectorRegistry(),
+        rendering(CollectorRegistry()),
         0,
         "127.0.0.1",
         routes={"/big": server.Route(big, "16 MiB")},
@@ -368,7 +380,8 @@ def test_a_request_flood_costs_the_job_at_most_the_cpu_budget_and_scrapes_stay_f
     took = [s[0] for s in scrapes]
     assert max(took) < 1.0, f"scrapes took {took}"
     values = [s[1] for s in scrapes]
-    assert sorted(set(values)) == values, f"steps_total did not advance between scrapes: {values}"
+    # A snapshot a second: two scrapes a second apart may now and then read the same one, never an older one.
+    assert sorted(values) == values and len(set(values)) >= 3, f"steps_total did not advance: {values}"
 
 
 class FrozenClock:
@@ -383,7 +396,7 @@ def test_while_the_cpu_budget_is_in_debt_nothing_is_accepted() -> None:
     clock = FrozenClock()
     spent = budget.Budget(share=1.0, burst=0.5, max_debt=1.0, clock=clock)
     spent.charge(1.5)  # a second in debt, on a clock that only the test moves
-    srv = server.serve(CollectorRegistry(), 0, "127.0.0.1", budget=spent)
+    srv = server.serve(rendering(CollectorRegistry()), 0, "127.0.0.1", budget=spent)
     try:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:  # the kernel's queue takes it
             s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
@@ -402,7 +415,7 @@ def test_extra_routes_above_their_rate_limit_get_429_with_retry_after() -> None:
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [b"debug\n"]
 
-    srv = server.serve(CollectorRegistry(), 0, "127.0.0.1", routes={"/debug/x": server.Route(tiny, "x")})
+    srv = server.serve(rendering(CollectorRegistry()), 0, "127.0.0.1", routes={"/debug/x": server.Route(tiny, "x")})
     try:
         answers: list[bytes] = []
         while len(answers) < 50 and not (answers and answers[-1].startswith(b"HTTP/1.0 429")):

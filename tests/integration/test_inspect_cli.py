@@ -32,6 +32,7 @@ from memexporter.exporter import running
 from memexporter.serving.server import Route, serve
 from tests.support.demo import module_env
 from tests.support.ports import free_port
+from tests.support.snapshots import rendering
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter", "runtime_dir")]
 
@@ -198,7 +199,7 @@ def test_forbidden_says_where_to_run_it(capsys: pytest.CaptureFixture[str]) -> N
         start_response("403 Forbidden", [("Content-Type", "text/plain")])
         return [b"forbidden\n"]
 
-    server = serve(CollectorRegistry(), 0, "127.0.0.1", routes={"/debug/memory": Route(forbidden, "x")})
+    server = serve(rendering(CollectorRegistry()), 0, "127.0.0.1", routes={"/debug/memory": Route(forbidden, "x")})
     try:
         code, _, err = inspect(f"127.0.0.1:{server.port}", capsys)
     finally:

@@ -49,6 +49,7 @@ def test_the_page_shows_what_live_json_says_and_draws_its_chart(browser: Any, tm
         model(torch.randn(8, 256)).sum().backward()
         opt.step()
         opt.zero_grad()
+    assert exp.flush()  # the snapshot after the 8th step (one is published each second)
     base = exp.url.removesuffix("/metrics")  # type: ignore[union-attr]
     try:
         browser.get(base + "/")
@@ -97,6 +98,7 @@ def test_the_page_works_over_tls(browser: Any, tls_files: tuple[Path, Path]) -> 
     for _ in range(3):
         model(torch.randn(2, 8)).sum().backward()
         opt.step()
+    assert exp.flush()
     try:
         assert exp.url is not None and exp.url.startswith("https://")
         browser.get(exp.url.removesuffix("/metrics") + "/")

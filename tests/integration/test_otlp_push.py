@@ -76,6 +76,7 @@ SCRIPT = textwrap.dedent(
     """
 )
 STEPS = 3 * 32  # three epochs of 32 batches
+STEPS_KEY = ("memexporter_steps_total", frozenset({("rank", "0")}))
 
 
 def otel_env(extra: dict[str, str]) -> dict[str, str]:
@@ -144,8 +145,12 @@ def test_memexporter_run_pushes_what_it_serves(tmp_path: Path) -> None:
             )
         try:
             pid = int(wait_for_file(tmp_path / "trained", proc, log))
-            # The first push that starts after a scrape: both read the same, idle, job.
-            scraped, t_scrape = scrape(port), time.time()
+            # The first push that starts after a scrape: both read the same, idle, job (once the snapshot,
+            # published each second, has its last step).
+            end = time.monotonic() + 10
+            while (scraped := scrape(port)).get(STEPS_KEY) != STEPS and time.monotonic() < end:
+                time.sleep(0.1)
+            t_scrape = time.time()
             after = rx.wait_for(
                 lambda rs: any(r.at > t_scrape + INTERVAL_MS / 1000 for r in rs), 20, "a push after the scrape"
             )
@@ -170,7 +175,12 @@ def test_memexporter_run_pushes_what_it_serves(tmp_path: Path) -> None:
     assert pushed[("memexporter_steps_total", frozenset({("rank", "0")}))] == STEPS
     # Every family the shipped rules and dashboards read arrived (the CUDA-only ones need a GPU,
     # tests/unit/otel/test_bridge.py pushes them from a synthetic device; the sharded-only one a sharded model).
-    absent = {n.spec.name for n in names.instruments() if n.spec.cuda_only or n.spec.sharded_only}
+    # The job's end: the HTTP helper serves it after the job is gone, nothing pushes it (the rules infer there).
+    absent = {
+        n.spec.name
+        for n in names.instruments()
+        if n.spec.cuda_only or n.spec.sharded_only or n.spec.collector == "ending"
+    }
     assert families_read_by_shipped_queries() - absent <= {name for name, _ in pushed}
 
     # Counters: cumulative monotonic sums with one start time, never going down.

@@ -73,7 +73,7 @@ def test_wheel_metadata_is_releasable(dist: Path) -> None:
     assert not [r for r in meta.get_all("Requires-Dist") or [] if r.startswith("torch")]
     assert meta.get_payload().startswith("# memexporter")  # the README as the long description
     assert "memexporter/py.typed" in names
-    assert "memexporter/serving/live.html" in names  # the live page at / (serving/live.py reads it)
+    assert "memexporter/serving/live.html" in names  # the live page at / (serving/page.py reads it)
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", ".venv/"))]
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 # that an exporter serves its steps, and exits with the code the test expects.
 SCRIPT = textwrap.dedent(
     """
-    import sys, urllib.request
+    import sys, time, urllib.request
     import torch
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -28,7 +28,11 @@ SCRIPT = textwrap.dedent(
         model(torch.randn(2, 8)).sum().backward()
         opt.step()
     port = int(sys.argv[1])
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for _ in range(50):  # the snapshots are a second apart
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        if 'memexporter_steps_total{rank="0"} 3.0' in body:
+            break
+        time.sleep(0.1)
     assert 'memexporter_steps_total{rank="0"} 3.0' in body, body[:300]
     print("script-args", sys.argv[1:], "name", __name__)
     sys.exit(int(sys.argv[2]))
@@ -240,7 +244,7 @@ def test_torchrun_no_python_memexporter_run(tmp_path: Path) -> None:
     script.write_text(
         textwrap.dedent(
             """
-        import os, urllib.request
+        import os, time, urllib.request
         import torch
         model = torch.nn.Linear(8, 8)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -248,8 +252,12 @@ def test_torchrun_no_python_memexporter_run(tmp_path: Path) -> None:
             model(torch.randn(2, 8)).sum().backward()
             opt.step()
         port = int(os.environ["BASE_PORT"]) + int(os.environ["LOCAL_RANK"])
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         rank = os.environ["RANK"]
+        for _ in range(50):  # the snapshots are a second apart
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            if f'memexporter_steps_total{{rank="{rank}"}} 2.0' in body:
+                break
+            time.sleep(0.1)
         assert f'memexporter_steps_total{{rank="{rank}"}} 2.0' in body, body[:300]
         assert 'world_size="2"' in body
         print("rank", rank, "ok on", port, flush=True)

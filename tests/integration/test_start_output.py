@@ -23,7 +23,9 @@ import memexporter
 e = memexporter.start(port=0, addr="127.0.0.1")
 print(e.url, flush=True)
 e.stop()
-memexporter.start(port=0, addr="127.0.0.1").stop()  # a second start says it again: each start serves somewhere new
+e = memexporter.start(port=0, addr="127.0.0.1")
+e.port  # the line comes when the helper has bound: before the port is known
+e.stop()  # a second start says it again: each start serves somewhere new
 """
 
 

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import psutil
+
 from tests.support.ports import free_port
 from tests.support.web import http_status
 
@@ -50,9 +52,15 @@ def wait_ready(proc: subprocess.Popen[bytes], urls: Sequence[str], timeout: floa
 
 
 def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """SIGTERM the process group we started (torchrun forwards it to its workers), wait, then SIGKILL."""
+    """SIGTERM the process group we started (torchrun forwards it to its workers), wait, then SIGKILL;
+    then the descendants outside the group: each exporter's HTTP helper runs in a session of its own
+    and would otherwise serve its job's end for its grace period, holding the port."""
     if proc.poll() is not None:
         return
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
@@ -61,6 +69,10 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=grace)
+    for child in descendants:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    psutil.wait_procs(descendants, timeout=grace)
 
 
 @contextlib.contextmanager

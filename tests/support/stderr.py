@@ -1,5 +1,5 @@
 """What a started exporter may write on the job's stderr: the one line that says where it serves
-(``exporter._say_serving``, when the application has not set up logging), and nothing else."""
+(``serving.job.starting.say_serving``, when the application has not set up logging), and nothing else."""
 
 from __future__ import annotations
 

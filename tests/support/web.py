@@ -5,14 +5,20 @@ starting process answers while a test waits for it).
 A test that needs the status and headers of an error answer, another method, or a token keeps
 its own small ``get`` and says so (tests/integration/test_exporter_http.py, test_live_page.py,
 test_debug_endpoints.py). Scripts a test runs as a separate interpreter (a training script under
-``memexporter run`` or torchrun) read ``/metrics`` with ``urllib`` themselves, as a user's would."""
+``memexporter run`` or torchrun) read ``/metrics`` with ``urllib`` themselves, as a user's would.
+
+The exporter publishes a snapshot a second (issue 35): a GET of the exporter running in this process
+first has it publish (``Exporter.flush()``), so a test reads what it just did, as before."""
 
 from __future__ import annotations
 
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
+
+from memexporter import exporter
 
 
 def get_text(
@@ -20,10 +26,18 @@ def get_text(
 ) -> str:
     """The body of ``GET url``, decoded as UTF-8. An error status raises ``urllib.error.HTTPError``;
     no answer within ``timeout`` seconds raises as ``urllib.request.urlopen`` does."""
+    fresh(url)
     request = urllib.request.Request(url, headers=dict(headers or {}))
     with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
         body: bytes = resp.read()
     return body.decode()
+
+
+def fresh(url: str) -> None:
+    """When ``url`` is the exporter running in this process: publish a snapshot now and wait for it."""
+    running = exporter.running()
+    if running is not None and running.port is not None and urllib.parse.urlsplit(url).port == running.port:
+        running.flush()
 
 
 def http_status(url: str, timeout: float = 2.0) -> str:

@@ -77,7 +77,7 @@ def test_start_creates_the_dump_dir(tmp_path: Path) -> None:
     memexporter.stop()
     exp = memexporter.start(port=0, addr="127.0.0.1", oom_dump_dir=str(target))
     try:
-        assert target.is_dir() and exp.diagnostics is not None and exp.diagnostics.routes == {}
+        assert target.is_dir() and exp.diagnostics is not None and exp.diagnostics.apps == {}
     finally:
         exp.stop()
 

@@ -24,7 +24,14 @@ from tests.support.ports import free_port
 from tests.support.tls import self_signed
 
 PATHS = ("argument", "environment", "run")
-NEEDS_HTTP = {"port", "addr", "certfile", "keyfile", "http"}  # the others run with http=False: no port, no token file
+NEEDS_HTTP = {
+    "port",
+    "addr",
+    "certfile",
+    "keyfile",
+    "http",
+    "end_grace",
+}  # the others run with http=False: no port, no token file
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +94,7 @@ GOOD: dict[str, tuple[Any, str, Any]] = {
     "auto_track": (True, "1", True),
     "otel": (True, "1", True),
     "http": (False, "0", False),
+    "end_grace": (5, "5", 5),
     "debug": (True, "1", True),
     "debug_allow": ("10.0.0.0/8", "10.0.0.0/8", ("10.0.0.0/8",)),
     "record_history": (True, "1", True),
@@ -165,7 +173,8 @@ EFFECTS: dict[str, Effect] = {
     "max_modules": _rows,
     "otel": lambda exp, name, expected: (exp.otel is not None) == expected,
     "http": lambda exp, name, expected: (exp.port is None) != expected,
-    "debug": lambda exp, name, expected: bool(exp.diagnostics and exp.diagnostics.routes) == expected,
+    "end_grace": lambda exp, name, expected: exp._link is not None and exp._link.grace == expected,
+    "debug": lambda exp, name, expected: bool(exp.diagnostics and exp.diagnostics.apps) == expected,
     "record_history": lambda exp, name, expected: (exp.diagnostics is not None) == expected,
     "oom_dump_dir": lambda exp, name, expected: bool(
         exp.diagnostics and exp.diagnostics.premortem and os.path.isdir(expected)

@@ -88,6 +88,9 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y:
 def scrape(url: str) -> dict[str, Any]:
     """This rank's series of interest: per-family module rows, steps, hook errors, collectors."""
     rank = str(dist.get_rank())
+    running = memexporter.exporter.running()
+    if running is not None:
+        running.flush()  # a snapshot with what this rank just did (they are a second apart otherwise)
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     out: dict[str, Any] = {
         "rows": {f: {} for f in FAMILIES},

@@ -68,6 +68,11 @@ def main() -> None:
 
     url = os.environ.get("HF_SCRIPT_METRICS_URL")
     if url:
+        import memexporter.exporter
+
+        running = memexporter.exporter.running()
+        if running is not None:
+            running.flush()  # a snapshot after the last step (they are a second apart otherwise)
         with urllib.request.urlopen(url, timeout=10) as resp:
             metrics = resp.read().decode()
         params = list(model.parameters())  # a tied weight once

@@ -1,30 +1,26 @@
-"""The live page at ``/`` and its data, ``/live.json``: the job's memory in a browser, no Prometheus needed.
+"""The live page's data, ``/live.json``: the job's memory in a browser, no Prometheus needed.
 
-``/live.json`` is rendered from the same registry as ``/metrics``, at the same moment and through
-the same cached, budgeted path (``Exposition`` with this module's encoder), so every figure on the
-page is a ``/metrics`` sample: per device used, limit, step peak, baseline, leak rate and OOM ETA
-(with the ETA in words), the module rows (largest first) and each collector's health. The history
-of the last half hour comes from the in-process ``History`` (step baselines and peaks), not from
-Prometheus. The page itself (``live.html``: no CDN, no build step, plain SVG) fetches it with a
-relative URL every few seconds, so it works behind TLS, basic auth and a path prefix.
+Rendered in the job from the same collection of the registry as ``/metrics`` (``render.py``: one
+collection, two bodies, published together), so every figure on the page is a ``/metrics`` sample of
+that moment: per device used, limit, step peak, baseline, leak rate and OOM ETA (with the ETA in words),
+the module rows (largest first) and each collector's health. The history of the last half hour comes
+from the in-process ``History`` (step baselines and peaks), not from Prometheus. The page itself is the
+helper's (``serving/page.py``).
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from importlib import resources
 from typing import Any
 
-from prometheus_client.registry import Collector
+from prometheus_client.metrics_core import Metric
 
 from memexporter.tracking.history import History
 from memexporter.units import fmt_bytes, fmt_duration
 
-LIVE_PATH = "/live.json"
 TOP_MODULES = 15
 _DEVICE = (
     "memory_used_bytes",
@@ -96,20 +92,7 @@ def document(samples: Iterable[tuple[str, dict[str, str], float]], history: Hist
     return doc
 
 
-def encoder(history: History | None) -> Any:
-    """An ``Exposition`` encoder: the registry as this page's JSON document."""
-
-    def encode(registry: Collector) -> bytes:
-        samples = ((s.name, s.labels, s.value) for family in registry.collect() for s in family.samples)
-        return json.dumps(document(samples, history), separators=(",", ":"), allow_nan=False).encode()
-
-    return encode
-
-
-def page(title: str, links: Iterable[tuple[str, str]]) -> bytes:
-    """``live.html`` with the title and the endpoint links filled in."""
-    items = "".join(
-        f'<li><a href="{html.escape(href)}">/{html.escape(href)}</a>: {html.escape(text)}</li>' for href, text in links
-    )
-    text = resources.files("memexporter.serving").joinpath("live.html").read_text(encoding="utf-8")
-    return text.replace("{{title}}", html.escape(title)).replace("{{links}}", items).encode()
+def encode(families: Iterable[Metric], history: History | None) -> bytes:
+    """The page's JSON document from one collection of the registry."""
+    samples = ((s.name, s.labels, s.value) for family in families for s in family.samples)
+    return json.dumps(document(samples, history), separators=(",", ":"), allow_nan=False).encode()

@@ -1,4 +1,4 @@
-"""The live page's data (serving/live.py) and its history (tracking/history.py), from samples and a
+"""The live page's data (serving/job/live.py) and its history (tracking/history.py), from samples and a
 step tracker over the fake backends (SYNTHETIC figures)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from memexporter.serving.live import TOP_MODULES, document, in_words
+from memexporter.serving.job.live import TOP_MODULES, document, in_words
 from memexporter.tracking.history import History
 from memexporter.tracking.steps import StepTracker
 from memexporter.units import fmt_duration

@@ -1,6 +1,7 @@
 """A taken port is logged with advice that works for the code at hand: a port passed in the code
 cannot be moved by ``MEMEXPORTER_PORT`` (an argument wins), so the advice names the argument;
-a port from the variable names the variable; under ``memexporter run``, ``--port``."""
+a port from the variable names the variable; under ``memexporter run``, ``--port``. The helper binds and
+reports; the job says it (``Exporter.port`` waits for the report)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import memexporter
 from memexporter import cli
 from memexporter.cli import run as run_command
 from memexporter.config import environment
-from memexporter.serving.binding import PortAdvice
+from memexporter.serving.job.binding import PortAdvice
 from tests.support.ports import free_port
 
 
@@ -84,7 +85,7 @@ def test_under_memexporter_run_the_advice_is_the_option(
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
     script = tmp_path / "train.py"
-    script.write_text("pass\n")
+    script.write_text("import memexporter.exporter\nmemexporter.exporter.running().port  # the helper's report\n")
     args = cli._parser().parse_args(
         ["run", "--port", str(taken), "--addr", "127.0.0.1", "--no-auto-track", str(script)]
     )
