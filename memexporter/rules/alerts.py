@@ -141,16 +141,29 @@ def _rank_alerts(c: RulesConfig) -> list[tuple[Rule, Twin | None]]:
                 "MemexporterFatalOOMSuspected",
                 expr=r["MemexporterFatalOOMSuspected"],
                 why="A fatal OOM (an uncaught CUDA OOM, the kernel's OOM killer) ends the process before the next\n"
-                "scrape, so OOMOccurred never sees it: the series just stop. This fires when they stop (the\n"
-                "target is down or gone) while the last step peak was near the limit. A target that is up\n"
-                "but lacks the series has a failing collector (CollectorFailing), not a dead process. The run\n"
-                "of a rank that is gone: its last run_info within the window.",
+                "scrape, so OOMOccurred never sees it. Observed: the exporter's helper outlives the job for a\n"
+                "grace period and says how it ended (memexporter_job_end_info, cause cuda_oom or oom_kill); the\n"
+                "alert then carries cause, exit_code and signal. An end observed otherwise, but not a clean\n"
+                "exit (a status other than 0, a signal, no trace: an OOM the job could not name), near the\n"
+                "limit: the same, with the end's labels. Inferred, where no end was observed (an exporter\n"
+                "without a helper, a helper gone with its node or container): the series stop (the target is\n"
+                "down or gone) while the last step peak was near the limit. A clean exit (status 0) near the\n"
+                "limit never fires. A target that is up but lacks the\n"
+                "series has a failing collector (CollectorFailing), not a dead process. The run of a rank that\n"
+                "is gone: its last run_info within the window.",
                 for_=c.lost_for,
                 severity="warning",
                 summary="A training process died near its memory limit: probably an OOM.",
-                description="%(who)s stopped answering scrapes right after its per-step peak reached "
-                "{{ $value | humanizePercentage }} of its limit: it probably died of an out-of-memory error, an "
-                "uncaught CUDA OOM or the kernel's OOM killer. Check its exit status and log.",
+                description='{{ if or (eq $labels.cause "oom_kill") (eq $labels.cause "cuda_oom") }}%(who)s ended by '
+                '{{ if eq $labels.cause "oom_kill" }}the memory cgroup\'s OOM killer{{ else }}a CUDA out-of-memory '
+                "error{{ end }}{{ with $labels.signal }} ({{ . }}){{ end }}{{ with $labels.exit_code }} (exit status "
+                "{{ . }}){{ end }}, as its exporter's helper observed; its per-step peak was at "
+                "{{ $value | humanizePercentage }} of its limit.{{ else }}%(who)s {{ if $labels.cause }}ended "
+                "({{ $labels.cause }}{{ with $labels.signal }} {{ . }}{{ end }}{{ with $labels.exit_code }} {{ . }}"
+                "{{ end }}, as its exporter's helper observed){{ else }}stopped answering scrapes{{ end }} right after "
+                "its per-step peak reached {{ $value | humanizePercentage }} of its limit: it probably died of an "
+                "out-of-memory error, an uncaught CUDA OOM or the kernel's OOM killer. Check its exit status and log."
+                "{{ end }}",
             ),
             Twin(
                 summary="Several ranks of a run died near their memory limit: probably an OOM.",

@@ -22,6 +22,12 @@ _UTIL = "rank_device:memexporter_memory_peak_utilisation:ratio{%(sel)s}"
 _ETA = "rank_device:memexporter_oom_eta_seconds:min{%(sel)s}"
 # The run of a rank that is gone (FatalOOMSuspected): its last info within the window.
 _LOST_INFO = f"topk by (job, instance, rank) (1, last_over_time({INFO}{{%(sel)s}}[%(lost_window)s]))"
+# How a rank ended, as its exporter's helper observed it (issue 35): served for a grace period after the end.
+_ENDED = "last_over_time(memexporter_job_end_info{%s%%(sel)s}[%%(lost_window)s])"
+_LAST_UTIL = (
+    "last_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(lost_window)s])\n"
+    "  / last_over_time(memexporter_memory_limit_bytes{%(sel)s}[%(lost_window)s])"
+)
 _WHY = (
     "The condition of the alerts below, per rank: present while it holds, with their value. Recorded\n"
     "once, so that the rank alert, its run twin and the twin's description do not each evaluate it."
@@ -73,13 +79,27 @@ CONDITIONS = {
         "rank_device:memexporter_oom_occurred:condition",
         "increase(memexporter_allocator_ooms_total{%(sel)s}[%(oom_window)s]) > 0",
     ),
+    # Observed: the helper saw the job end by a CUDA OOM or the cgroup's OOM killer (the fullest device of
+    # the rank, with the end's labels), whatever the peak. Observed otherwise, but not as a clean exit (a
+    # status that is not 0, a signal, no trace): near the limit, as inferred, with the end's labels.
+    # Inferred, where no end was observed (no helper, or one gone with its node): the series stopped right
+    # after a peak near the limit. A clean exit (status 0) never infers.
     "MemexporterFatalOOMSuspected": _condition(
         "rank_device:memexporter_fatal_oom_suspected:condition",
-        "last_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(lost_window)s])\n"
-        "  / last_over_time(memexporter_memory_limit_bytes{%(sel)s}[%(lost_window)s])\n"
-        "  > %(lost_min_utilisation)s\n"
-        "unless on(job, instance, rank, device) memexporter_memory_peak_bytes{%(sel)s}\n"
-        "unless on(job, instance) up{%(sel)s} == 1",
+        f"topk by (job, instance, rank) (1,\n  {_LAST_UTIL}\n)\n"
+        "* on(job, instance, rank) group_left(cause, exit_code, signal)\n"
+        + _ENDED
+        % 'cause=~"cuda_oom|oom_kill", '
+        + f"\nor\n(\n  {_LAST_UTIL}\n    > %(lost_min_utilisation)s\n)\n"
+        "* on(job, instance, rank) group_left(cause, exit_code, signal)\n"
+        + _ENDED
+        % 'cause!~"cuda_oom|oom_kill", exit_code!="0", '
+        + "\nor\n(\n"
+        f"  {_LAST_UTIL}\n"
+        "    > %(lost_min_utilisation)s\n"
+        "  unless on(job, instance, rank, device) memexporter_memory_peak_bytes{%(sel)s}\n"
+        "  unless on(job, instance) up{%(sel)s} == 1\n"
+        "  unless on(job, instance, rank) " + _ENDED % "" + "\n)",
         _LOST_INFO,
     ),
     "MemexporterFragmentationHigh": _condition(

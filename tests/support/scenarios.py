@@ -4,7 +4,7 @@ Two kinds of file:
 - generated here whole (input series from ``traces.Process`` definitions, expectations written
   below by hand): ``alerts/tests/young_job.yml``, ``alerts/tests/fatal_oom.yml`` and
   ``tests/promtool/demo_young.yml`` (``scenario_defs.py``), ``alerts/tests/runs.yml``
-  (``run_scenarios.py``);
+  (``run_scenarios.py``), ``alerts/tests/observed_end.yml`` (``end_scenarios.py``);
 - written by hand, one step per scrape (``oom_forecast.yml``, ``healthy.yml``): their leak rate and
   ETA series are re-derived from their own peak and baseline series (``rederive``).
 
@@ -25,6 +25,7 @@ import yaml
 
 from memexporter.oom.trend import TrendWindow, estimate
 from tests.support import REPO_ROOT
+from tests.support.end_scenarios import GENERATED as ENDS
 from tests.support.run_scenarios import GENERATED as RUNS
 from tests.support.scenario_defs import GENERATED
 from tests.support.traces import Value, decode, encode
@@ -127,7 +128,7 @@ def _seconds(duration: str) -> float:
 def renderings() -> dict[Path, str]:
     """Every scenario file this module owns, as it should be on disk."""
     out = {path: rederive(path.read_text(encoding="utf-8")) for path in HAND_WRITTEN}
-    for path, render in {**GENERATED, **RUNS}.items():
+    for path, render in {**GENERATED, **RUNS, **ENDS}.items():
         out[path] = render()
     return out
 

@@ -6,7 +6,9 @@ finished so far to ``memexporter.oom.trend.TrendWindow`` and reads ``estimate()`
 collector does, so the leak rate and the ETA in a scenario are what the exporter would report for
 that trace, warm-up gate, noise gate and sustained-growth gate included. After a process ends, its
 series go stale; ``up`` reads 0 while the target is still listed (a static config), or goes stale
-too (a pod that is gone). The next process with the same labels is a restart.
+too (a pod that is gone). The next process with the same labels is a restart. A process that ``ended``
+(issue 35) has a helper that outlives it by ``grace`` seconds: its last figures stay, up 1, with
+``memexporter_job_end_info`` saying how it ended; then its series go stale as above.
 
 ``series()`` writes promtool's expanding notation (``a+bxN``, ``_xN``, ``stale``) compactly.
 """
@@ -43,6 +45,8 @@ class Process:
     run_id_source: str = "memexporter"
     build_info: bool = False  # memexporter_build_info, the one info series of an exporter before run_info
     used: bool = False  # memexporter_memory_used_bytes, scraped mid-step: halfway from baseline to peak
+    ended: dict[str, str] | None = None  # the helper's memexporter_job_end_info labels (cause, exit_code, signal)
+    grace: float = 65.0  # seconds the helper serves after the end
 
     @property
     def end(self) -> float:
@@ -105,11 +109,17 @@ def _scrape_process(out: Scraped, p: Process, later: list[Process]) -> None:
     window, done = TrendWindow(p.window, p.warmup_steps), 0
     start = p.steps[0][0] - p.steps[0][0] % out.interval if p.steps else 0.0
     restart = min((q.steps[0][0] for q in later), default=math.inf)
+    ended = {**rank_labels, **{k: v for k, v in (p.ended or {}).items() if v}}  # Prometheus drops empty labels
     for k in range(out.count):
         t = k * out.interval
         if t < start or t >= restart:
             continue
-        if t > p.end + 1e-9:
+        serving = p.ended is not None and t <= p.end + p.grace + 1e-9  # the helper's grace period
+        if serving and t > p.end + 1e-9:
+            out.put("memexporter_job_end_info", ended, k, 1.0)
+        if t > p.end + 1e-9 and not serving:
+            if p.ended is not None and done >= 0:
+                out.put("memexporter_job_end_info", ended, k, math.nan)
             if done >= 0:  # the first scrape after the process ended: stale markers
                 for name in _GAUGES:
                     out.put(name, labels, k, math.nan)
