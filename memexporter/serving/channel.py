@@ -3,9 +3,8 @@
 A message is a JSON head (a dict with ``t``, its kind) and an optional body of bytes: 8 bytes of lengths
 (head, body; little-endian), the head, the body. The job sends the helper its settings (``config``), the
 answers to debug requests (``answer``) and ``stop``; the helper sends how the bind went (``bound``,
-``failed``), its dropped-connection counts (``stats``), the debug requests it admitted (``debug``) and the
-lines it wants logged in the job (``log``). The snapshots themselves never travel here: they are on the
-board (``board.py``).
+``failed``), its dropped-connection counts (``stats``) and the debug requests it admitted (``debug``).
+The snapshots themselves never travel here: they are on the board (``board.py``).
 
 The socket is the helper's first sign of the job's end: when the job's process is gone, reading it
 gives EOF (``Channel.receive`` returns None).

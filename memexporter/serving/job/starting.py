@@ -41,10 +41,10 @@ def start_helper(
     link.steps = steps
     try:
         link.start()
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a platform without pass_fds
         message = f"memexporter: cannot start the HTTP helper process ({sys.executable}): {exc}"
         if strict:
-            raise OSError(exc.errno, message) from exc
+            raise OSError(getattr(exc, "errno", None), message) from exc
         log_failure(message)
         link.stop()
         bound(None)
