@@ -27,6 +27,7 @@ included; another process on the machine moves it little, so it shows the job's 
 clock's interval is too wide).
 
     python benchmarks/bench_launch.py [--rounds 30 --block 1.0] [--flood-rounds 30] [--part both|start|flood]
+    python benchmarks/bench_launch.py --device cuda --d 256 --batch 2 --seq 128   # the H200's launch-bound GPT
 
 Runs against whatever memexporter is importable, so the same command measures an older checkout.
 """
@@ -117,6 +118,11 @@ def main() -> None:
     p.add_argument("--block", type=float, default=1.0, help="timed seconds per block")
     p.add_argument("--part", choices=["both", "start", "flood"], default="both")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: a launch-bound GPU loop itself")
+    p.add_argument("--d", type=int, default=16, help="model width (the stand-in: 16)")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=8)
     args = p.parse_args()
     if args.client is not None:
         client(args.client)
@@ -133,14 +139,16 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    model = GPT(vocab=64, d=16, layers=12, heads=2, ctx=8)
+    model = GPT(vocab=64, d=args.d, layers=args.layers, heads=2, ctx=args.seq).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+    x, y = (torch.randint(0, 64, (args.batch, args.seq), device=args.device) for _ in range(2))
 
     def step() -> None:
         F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if args.device == "cuda":  # the benchmark's own measurement: the exporter never synchronises
+            torch.cuda.synchronize()
 
     for _ in range(20):
         step()
@@ -148,9 +156,10 @@ def main() -> None:
     for _ in range(20):
         step()
     per_block = max(5, round(args.block / ((time.perf_counter() - t0) / 20)))
+    where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"{os.cpu_count()} CPUs, 1 torch thread"
     print(
-        f"torch {torch.__version__}, memexporter {memexporter.__version__}, {os.cpu_count()} CPUs, 1 torch thread; "
-        f"{sum(1 for _ in model.modules())} modules, {per_block} steps per timed block"
+        f"torch {torch.__version__}, memexporter {memexporter.__version__}, {where}; d {args.d}, {args.layers} layers, "
+        f"batch {args.batch} x {args.seq}, {sum(1 for _ in model.modules())} modules, {per_block} steps per timed block"
     )
 
     def timed(n: int) -> tuple[list[float], float]:
