@@ -12,7 +12,7 @@ lint:
 format:
 	.venv/bin/python -m ruff format memexporter tests benchmarks
 bench:
-	.venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py && .venv/bin/python benchmarks/bench_modules.py && .venv/bin/python benchmarks/bench_phases.py && .venv/bin/python benchmarks/bench_flood.py && .venv/bin/python benchmarks/bench_page.py && OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py && .venv/bin/python benchmarks/alert_lead_times.py
+	.venv/bin/python benchmarks/bench_launch.py && .venv/bin/python benchmarks/bench_overhead.py && .venv/bin/python benchmarks/bench_scrape.py && .venv/bin/python benchmarks/bench_trend.py && .venv/bin/python benchmarks/bench_otel.py && .venv/bin/python benchmarks/bench_modules.py && .venv/bin/python benchmarks/bench_phases.py && .venv/bin/python benchmarks/bench_flood.py && .venv/bin/python benchmarks/bench_page.py && OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py && .venv/bin/python benchmarks/alert_lead_times.py
 # Opt-in, not part of bench: Prometheus with 64, 256 and 1,024 simulated ranks, before (as of de4f325)
 # and after issue 25; takes tens of minutes. Results in build/bench-scale-*.json and .md.
 bench-scale:
