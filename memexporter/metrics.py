@@ -156,6 +156,14 @@ SPECS: tuple[MetricSpec, ...] = (
         otel="memexporter.memory.limit",
     ),
     _g(
+        "memory_committed_bytes",
+        unit="bytes",
+        help=f"Memory the limit is met by: what the caching allocator cannot hand back, compared with memory_limit_bytes by fullness, the OOM ETA and the alerts. cuda (native allocator), xpu: {_MS}['allocated_bytes.all.current'] + ['inactive_split_bytes.all.current'] (free blocks stranded in partly used segments); cuda with expandable_segments:True: ['reserved_bytes.all.current']; cudaMallocAsync and mps: allocated; cpu: process RSS.",
+        labels=DEVICE,
+        collector="memory",
+        otel="memexporter.memory.committed",
+    ),
+    _g(
         "memory_peak_bytes",
         unit="bytes",
         help="Highest used within the last completed step: the lifetime high-water mark when it rose during the step (exact); otherwise the step's start plus the excursion of the last exactly measured step, capped by the high-water mark and never below a sample taken in the step (an estimate). Peak stats are never reset.",
@@ -170,6 +178,14 @@ SPECS: tuple[MetricSpec, ...] = (
         labels=DEVICE,
         collector="trend",
         otel="memexporter.memory.baseline",
+    ),
+    _g(
+        "memory_committed_peak_bytes",
+        unit="bytes",
+        help="Highest committed bytes within the last completed step: memory_peak_bytes plus what was committed beyond used at the step's boundary (memory_committed_bytes - memory_used_bytes). The level the OOM gates compare with the limit.",
+        labels=DEVICE,
+        collector="trend",
+        otel="memexporter.memory.committed_peak",
     ),
     _g(
         "leak_rate_bytes_per_second",
@@ -190,10 +206,20 @@ SPECS: tuple[MetricSpec, ...] = (
     _g(
         "oom_eta_seconds",
         unit="seconds",
-        help="Seconds until the step peak reaches memory_limit_bytes at the current leak rate; +Inf when not growing.",
+        help="Seconds until the committed step peak (memory_committed_peak_bytes) reaches memory_limit_bytes at the faster of two robust trends, the baseline's and the committed bytes'; +Inf when neither grows beyond its noise.",
         labels=DEVICE,
         collector="trend",
         otel="memexporter.oom.eta",
+    ),
+    _g(
+        "allocator_recoverable_bytes",
+        unit="bytes",
+        help="Bytes that PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would likely recover: what is stranded in partly used segments (memory_committed_bytes - memory_used_bytes) while that is over 10 % of the limit and growing over the leak window; 0 otherwise. Native allocator only (the remedy does not apply elsewhere).",
+        labels=DEVICE,
+        collector="trend",
+        otel="memexporter.allocator.recoverable",
+        cuda=True,
+        detail=True,
     ),
     _c(
         "steps",

@@ -75,7 +75,11 @@ CONDITIONS = {
     ),
     "MemexporterFatalOOMSuspected": _condition(
         "rank_device:memexporter_fatal_oom_suspected:condition",
-        "last_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(lost_window)s])\n"
+        "(\n"
+        "    last_over_time(memexporter_memory_committed_peak_bytes{%(sel)s}[%(lost_window)s])\n"
+        "  or\n"
+        "    last_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(lost_window)s])\n"
+        ")\n"
         "  / last_over_time(memexporter_memory_limit_bytes{%(sel)s}[%(lost_window)s])\n"
         "  > %(lost_min_utilisation)s\n"
         "unless on(job, instance, rank, device) memexporter_memory_peak_bytes{%(sel)s}\n"

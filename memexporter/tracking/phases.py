@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from memexporter.backends.base import Reading
+
 if TYPE_CHECKING:
     from memexporter.tracking.steps import Readings, StepTracker
 
@@ -51,7 +53,7 @@ class _Open:
 
     name: str
     started: float  # monotonic seconds
-    start: dict[str, tuple[int, int]]  # device -> (used, high-water mark) at its start
+    start: dict[str, Reading]  # device -> its reading at the start
     separate: bool = False  # an out-of-step phase
     top: dict[str, int] = field(default_factory=dict)  # device -> highest used sampled since
 
@@ -67,11 +69,11 @@ class PhaseStats:
     active: int = 0
 
 
-def _peak(start: tuple[int, int] | None, top: int, used: int, high_water: int) -> int:
+def _peak(start: Reading | None, top: int, used: int, high_water: int) -> int:
     """Peak bytes of one device over one occurrence (the rule in the module docstring)."""
     if start is None:  # the device appeared during the phase: its whole high-water mark is within it
         return high_water
-    start_used, start_mark = start
+    start_used, start_mark = start.used, start.peak
     if high_water > start_mark:  # a new lifetime high during the phase: it is the phase's peak
         return high_water
     samples = max(top, start_used, used)
@@ -153,7 +155,7 @@ class PhaseTracker:
             self.last_change = self._wall()
             if readings is not None:
                 stats.peaks = {
-                    d: _peak(token.start.get(d), token.top.get(d, 0), used, hw) for d, (used, hw) in readings.items()
+                    d: _peak(token.start.get(d), token.top.get(d, 0), r.used, r.peak) for d, r in readings.items()
                 }
                 stats.duration = self._clock() - token.started
                 stats.completed += 1
@@ -165,9 +167,9 @@ class PhaseTracker:
     def _observe(self, readings: Readings) -> None:
         with self._lock:
             for token in self._open:
-                for device, (used, _) in readings.items():
-                    if used > token.top.get(device, 0):
-                        token.top[device] = used
+                for device, r in readings.items():
+                    if r.used > token.top.get(device, 0):
+                        token.top[device] = r.used
 
     def snapshot(self) -> tuple[dict[str, PhaseStats], float | None]:
         """A copy for the scrape thread: ``({name: stats}, last change)``."""

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from memexporter.backends.base import AllocatorSource, HostSource
+from memexporter.backends.base import AllocatorSource, HostSource, Reading
 from memexporter.oom.trend import TrendPoints, TrendWindow
 
 log = logging.getLogger("memexporter")
@@ -36,8 +36,8 @@ _DEVICE_REFRESH_STEPS = 50
 # step_interval_seconds is the median of the intervals between the last this-many boundaries.
 _RHYTHM_STEPS = 33
 
-Readings: TypeAlias = dict[str, tuple[int, int]]
-"""``{device: (used, lifetime high-water mark)}`` in bytes, read at one instant."""
+Readings: TypeAlias = dict[str, Reading]
+"""``{device: Reading(used, lifetime high-water mark, committed)}`` in bytes, read at one instant."""
 
 
 def _host_peak() -> int:
@@ -119,7 +119,7 @@ class StepTracker:
         self.last: Readings | None = None  # the latest readings, from any sample or boundary
 
     def _read(self, refresh: bool = False) -> Readings:
-        """``{device: (used, lifetime high-water mark)}`` for cpu and each CUDA device in use.
+        """``{device: Reading}`` for cpu and each CUDA device in use.
 
         Only a step boundary may rescan the devices (a scan reads every visible device's stats);
         intra-step samples reuse the last list. A device whose read fails is left out of this
@@ -132,12 +132,13 @@ class StepTracker:
         except Exception:
             self._failed()
         try:
-            out["cpu"] = (self._host.rss(), self._host_peak())
+            rss = self._host.rss()
+            out["cpu"] = Reading(rss, self._host_peak(), rss)
         except Exception:
             self._failed()
         for i in self._cuda_indices:
             try:
-                out[self._cuda.label(i)] = self._cuda.allocated(i)
+                out[self._cuda.label(i)] = self._cuda.reading(i)
             except Exception:
                 self._failed()
         return out
@@ -147,10 +148,10 @@ class StepTracker:
         try:
             readings = self.last = self._read()
             with self._lock:
-                for name, (used, _) in readings.items():
+                for name, r in readings.items():
                     dev = self._devices.get(name)
-                    if dev is not None and used > dev.step_max:
-                        dev.step_max = used
+                    if dev is not None and r.used > dev.step_max:
+                        dev.step_max = r.used
             for observer in self._observers:
                 observer(readings)
             return readings
@@ -169,8 +170,8 @@ class StepTracker:
                 self._times.append(now)
                 self._last_wall = self._wall()
                 if self._held is not None:  # a boundary inside an out-of-step phase starts a new step
-                    self._held = {name: used for name, (used, _) in readings.items()}
-                for name, (used, high_water) in readings.items():
+                    self._held = {name: r.used for name, r in readings.items()}
+                for name, (used, high_water, committed) in readings.items():
                     dev = self._devices.get(name)
                     if dev is None:
                         # First boundary for this device: nothing to compare the high-water mark with.
@@ -178,7 +179,7 @@ class StepTracker:
                             TrendWindow(self._window, self._warmup), high_water, used, used
                         )
                     peak = _step_peak(dev, used, high_water)
-                    dev.window.add(self.steps, now, float(used), float(peak))
+                    dev.window.add(self.steps, now, float(used), float(peak), float(committed))
                     dev.high_water, dev.last_used, dev.step_max, dev.last_peak = high_water, used, used, peak
                 steps = self.steps
             for observer in self._observers:
@@ -200,10 +201,10 @@ class StepTracker:
         the high-water mark it left as the new reference, so a rise inside it is not the step's."""
         with self._lock:
             held, self._held = self._held or {}, None
-            for name, (_, high_water) in readings.items():
+            for name, r in readings.items():
                 dev = self._devices.get(name)
                 if dev is not None:
-                    dev.high_water = high_water
+                    dev.high_water = r.peak
                     dev.step_max = held.get(name, dev.last_used)
 
     def add_observer(self, observer: Callable[[Readings], None]) -> None:
