@@ -55,7 +55,12 @@ class TrendCollector:
             rows["memexporter_leak_rate_bytes_per_second"].append((labels, est.leak_bytes_per_second))
             rows["memexporter_leak_bytes_per_step"].append((labels, est.leak_bytes_per_step))
             rows["memexporter_oom_eta_seconds"].append((labels, est.oom_eta_seconds))
-            if view is not None and advice.applies(device, scrape.allocator_backend, scrape.expandable_segments):
+            # cpu first: asking a CPU-only torch for its CUDA allocator backend is a warning.
+            if (
+                view is not None
+                and device != "cpu"
+                and advice.applies(device, scrape.allocator_backend, scrape.expandable_segments)
+            ):
                 found = advice.advise(device, points, view, scrape.allocator_backend, scrape.expandable_segments)
                 if found is not None:
                     advice.say_once(found)  # the one side effect: the job's log, once per device
