@@ -150,7 +150,7 @@ SPECS: tuple[MetricSpec, ...] = (
     _g(
         "memory_limit_bytes",
         unit="bytes",
-        help="Most that used can reach before an OOM: held plus free to this process. cuda and xpu: reserved + device free (NVML, amdsmi or Level Zero, else the allocator's mem_get_info), capped by the per-process memory fraction; mps: reserved + what Metal's recommended working set leaves (torch.accelerator.get_memory_info); cpu: RSS + available (cgroup-aware). Capped by memory_limit_bytes= when set.",
+        help="Most that committed (memory_committed_bytes) can reach before an OOM: held plus free to this process. cuda and xpu: reserved + device free (NVML, amdsmi or Level Zero, else the allocator's mem_get_info), capped by the per-process memory fraction; mps: reserved + what Metal's recommended working set leaves (torch.accelerator.get_memory_info); cpu: RSS + available (cgroup-aware). Capped by memory_limit_bytes= when set.",
         labels=DEVICE,
         collector="memory",
         otel="memexporter.memory.limit",

@@ -109,7 +109,7 @@ KNOBS: tuple[Knob, ...] = (
         "warmup_steps",
         kt.non_negative,
         20,
-        "Steps ignored at the start of the run and after a restart (allocator and cache warm-up); so are the first 5 s.",
+        "Steps ignored at the start of the run and after a restart (allocator and cache warm-up).",
         "an integer >= 0",
     ),
     Knob(
