@@ -30,36 +30,6 @@ import pytest
 from tests.support.cuda_standins import replay
 
 
-def h200_answers() -> dict[str, Any]:
-    """The NVML answers of the H200 run (driver 580.159.04, torch 2.11.0+cu130; in
-    shared/gpu/h200-2026-11-27, ``recorded/nvidia-h200_torch2.11.0_native.json``), with a v2
-    answer beside the recorded v1 one.
-
-    ``memory`` (v1) and the process line are the recording's, as NVML answered them on the GPU.
-    ``memory_v2`` is SYNTHETIC: the recorder did not ask for v2 then. Its figures are derived from
-    what that recording holds: ``free`` is NVML's free (and ``cudaMemGetInfo``'s, equal to the
-    byte); ``reserved`` is NVML's total less ``cudaMemGetInfo``'s total (150,109,880,320, also
-    ``total_memory``): 644,939,776 bytes, 615.06 MiB; ``used = total - reserved - free``, which is
-    ``cudaMemGetInfo``'s total - free; ``total`` is v1's, as nvidia-smi showed it on that machine
-    (143,771 MiB, ``logs/env.txt``).
-    """
-    total, free, cuda_total = 150_754_820_096, 147_860_815_872, 150_109_880_320
-    reserved = total - cuda_total
-    gpu = {
-        "uuid": "GPU-1420dfe2-68c0-6889-4308-4efc45aaef99",
-        "name": "NVIDIA H200",
-        "pci_bus_id": "00000000:00:06.0",
-        "memory": {"total": total, "used": 2_894_004_224, "free": free},
-        "memory_v2": {"total": total, "reserved": reserved, "free": free, "used": cuda_total - free},  # SYNTHETIC
-        "mig_mode": [0, 0],
-        "mig": [],
-        "processes": [
-            {"pid": "self", "used": 2_239_758_336, "gpu_instance_id": 4294967295, "compute_instance_id": 4294967295}
-        ],
-    }
-    return {"strings": "str", "handle_by_mig_uuid": True, "gpus": [gpu], "driver_version": "580.159.04"}
-
-
 def _replay(value: Any) -> Any:
     """``replay``, with nvidia-ml-py's own error classes for ``{"raises": "NVMLError_...: ..."}``."""
     if isinstance(value, dict) and str(value.get("raises", "")).startswith("NVMLError_"):

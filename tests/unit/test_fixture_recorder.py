@@ -10,7 +10,8 @@ import pytest
 
 from tests.cuda.record_fixtures import host_answers, nvml_answers, torch_answers
 from tests.support.cuda_standins import TorchStandIn, load
-from tests.support.nvml_standin import NvmlStandIn, h200_answers
+from tests.support.nvml_h200 import h200_answers
+from tests.support.nvml_standin import NvmlStandIn
 from tests.support.synthetic_fixtures import FIXTURES, SYNTHETIC_DIR
 
 

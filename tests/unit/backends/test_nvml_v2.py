@@ -1,9 +1,11 @@
 """NvmlBackend's memory figures: NVML's v2 answer (used as nvidia-smi shows it, the driver's
 reservation apart) where the driver and nvidia-ml-py have it, v1 where they do not.
 
-The answers are the H200 run's (``nvml_standin.h200_answers``: v1 and the process line as recorded
-on the GPU, the v2 answer SYNTHETIC, derived from that recording's NVML and ``cudaMemGetInfo``
-figures), through nvidia-ml-py's real structures and error classes.
+The answers are an H200's, through nvidia-ml-py's real structures and error classes: v1 and v2
+as NVML answered them together on the GPU (``nvml_h200.h200_recorded_v2``), and the first GPU
+run's recording (``nvml_h200.h200_answers``: v1 and the process line recorded, the v2 answer
+SYNTHETIC, derived from that recording's NVML and ``cudaMemGetInfo`` figures), on which the cases
+without v2 are built.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import pytest
 from memexporter.backends.base import DeviceMemory
 from memexporter.backends.nvml import NvmlBackend
 from tests.support.fakes import SYNTHETIC_STATS, FakeCuda, registry_for, sources
-from tests.support.nvml_standin import NvmlStandIn, h200_answers
+from tests.support.nvml_h200 import h200_answers, h200_recorded_v2
+from tests.support.nvml_standin import NvmlStandIn
 
 H200_HEX = "1420dfe2-68c0-6889-4308-4efc45aaef99"
 # cudaMemGetInfo on the H200, as recorded (free, total): what nvidia-smi's used is total - free of.
@@ -51,6 +54,25 @@ def install(monkeypatch: pytest.MonkeyPatch, **v2: Any) -> NvmlStandIn:
 
 def said(caplog: pytest.LogCaptureFixture, text: str) -> list[tuple[int, str]]:
     return [(r.levelno, r.getMessage()) for r in caplog.records if text in r.getMessage()]
+
+
+def test_recorded_v2_used_is_cudamemgetinfos_and_the_reservation_comes_apart(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    answers, record = h200_recorded_v2()  # recorded on an H200: v1 and v2 read together
+    NvmlStandIn(answers).install(monkeypatch)
+    gpu, (cuda_free, cuda_total) = answers["gpus"][0], record["busy"]["mem_get_info"]
+    with caplog.at_level(logging.DEBUG, logger="memexporter"):
+        mem = NvmlBackend().memory(record["busy"]["uuid"])  # torch's spelling: bare hex
+    assert mem is not None and mem.reserved == 644_939_776 and mem.uuid == gpu["uuid"]
+    assert (mem.total, mem.used, mem.free) == (150_754_820_096, cuda_total - cuda_free, cuda_free)
+    assert mem.used == gpu["memory"]["used"] - mem.reserved  # v1 counted the driver's 615 MiB as used
+    assert mem.total - mem.reserved == cuda_total == record["busy"]["total_memory"]
+    assert caplog.records == []
+    # Before CUDA was initialised there: v1 read 615 MiB used, v2 (and nvidia-smi) none.
+    idle = record["idle"]
+    assert (idle["memory"]["used"], idle["memory_v2"]["used"]) == (idle["memory_v2"]["reserved"], 0)
+    assert record["recorded"]["nvidia_smi_fb_memory_usage"]["Used"] == "0 MiB"
 
 
 def test_v2_used_is_nvidia_smis_and_the_reservation_comes_apart(
@@ -113,17 +135,19 @@ def test_v2_raising_at_run_time_costs_that_read_only(
 
 
 def test_the_scrape_exports_the_reservation_and_keeps_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    install(monkeypatch)
-    cuda = FakeCuda(stats={0: SYNTHETIC_STATS}, uuids={0: H200_HEX})  # SYNTHETIC allocator figures
+    answers, record = h200_recorded_v2()
+    NvmlStandIn(answers).install(monkeypatch)
+    (cuda_free, cuda_total), v1 = record["busy"]["mem_get_info"], answers["gpus"][0]["memory"]
+    cuda = FakeCuda(stats={0: SYNTHETIC_STATS}, uuids={0: record["busy"]["uuid"]})  # SYNTHETIC allocator figures
     reg = registry_for(sources(cuda, NvmlBackend()))
     labels = {"rank": "3", "device": "cuda:0"}
-    assert reg.get_sample_value("memexporter_device_used_bytes", labels) == CUDA_TOTAL - CUDA_FREE
+    assert reg.get_sample_value("memexporter_device_used_bytes", labels) == cuda_total - cuda_free
     assert reg.get_sample_value("memexporter_device_reserved_bytes", labels) == RESERVED
-    assert reg.get_sample_value("memexporter_device_total_bytes", labels) == V1.total
-    assert reg.get_sample_value("memexporter_device_free_bytes", labels) == CUDA_FREE
+    assert reg.get_sample_value("memexporter_device_total_bytes", labels) == v1["total"]
+    assert reg.get_sample_value("memexporter_device_free_bytes", labels) == cuda_free == v1["free"]
     # The limit is the allocator's reserved bytes plus the driver's free: v2's free is v1's.
     held = SYNTHETIC_STATS["reserved_bytes.all.current"]
-    assert reg.get_sample_value("memexporter_memory_limit_bytes", labels) == held + CUDA_FREE
+    assert reg.get_sample_value("memexporter_memory_limit_bytes", labels) == held + cuda_free
 
 
 def test_without_v2_the_scrape_has_no_reserved_series(monkeypatch: pytest.MonkeyPatch) -> None:
