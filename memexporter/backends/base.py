@@ -96,6 +96,10 @@ class DeviceMemory:
     GPU's UUID and ``gpu_instance_id`` its GPU instance id, which is how dcgm-exporter labels a
     slice (``UUID``, ``GPU_I_ID``); on a whole GPU ``gpu_uuid`` equals ``uuid`` and
     ``gpu_instance_id`` is empty. ``vendor``: ``nvidia``, ``amd`` or ``intel``.
+
+    ``reserved`` is what the driver sets aside for itself (NVML v2's ``reserved``), where the library
+    reports it apart: then ``used`` excludes it and ``total = used + reserved + free``. ``None``
+    where it cannot be told apart (NVML v1, amdsmi, Level Zero), and ``used`` may include it.
     """
 
     uuid: str
@@ -107,6 +111,7 @@ class DeviceMemory:
     gpu_uuid: str = ""
     gpu_instance_id: str = ""
     vendor: str = "nvidia"
+    reserved: int | None = None
 
 
 @dataclass(frozen=True)
@@ -121,10 +126,19 @@ class DeviceIdentity:
     gpu_instance_id: str = ""
     vendor: str = "nvidia"
 
-    def with_memory(self, total: int, used: int, free: int) -> DeviceMemory:
-        """This device's ``DeviceMemory`` with the sizes just read (bytes)."""
+    def with_memory(self, total: int, used: int, free: int, reserved: int | None = None) -> DeviceMemory:
+        """This device's ``DeviceMemory`` with the sizes just read (bytes; ``reserved``: see there)."""
         return DeviceMemory(
-            self.uuid, self.name, total, used, free, self.pci_bus_id, self.gpu_uuid, self.gpu_instance_id, self.vendor
+            self.uuid,
+            self.name,
+            total,
+            used,
+            free,
+            self.pci_bus_id,
+            self.gpu_uuid,
+            self.gpu_instance_id,
+            self.vendor,
+            reserved,
         )
 
 

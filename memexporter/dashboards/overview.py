@@ -277,8 +277,9 @@ def _ranks() -> tuple[Panel, ...]:
             "GPU memory, all processes (NVML)",
             "timeseries",
             "bytes",
-            "Does anything else use this GPU? Device memory used by every process, as NVML reports it, "
-            "against the device total: the Top K selected ranks by use at the end of the time range.",
+            "Does anything else use this GPU? Device memory used by every process, as nvidia-smi shows it "
+            "(NVML v2: without the driver's own reservation), against the device total: the Top K selected "
+            "ranks by use at the end of the time range.",
             (
                 (among(m("device_used_bytes"), nvml), "used r{{rank}} {{device}}"),
                 (among(m("device_total_bytes"), nvml), "total r{{rank}} {{device}}"),

@@ -137,17 +137,19 @@ def one_gpu(**stats_overrides: int) -> tuple[FakeCuda, FakeNvml]:
         uuids={0: "GPU-synthetic-0"},
         pinned=host_memory_stats(512 * MiB, 128 * MiB, 16, 4),
     )
+    # A driver with NVML's v2 memory info: used leaves out the 512 MiB the driver keeps for itself.
     nvml = FakeNvml(
         {
             "GPU-synthetic-0": DeviceMemory(
                 "GPU-synthetic-0",
                 "Synthetic GPU",
                 80 * GiB,
-                10 * GiB,
+                10 * GiB - 512 * MiB,
                 70 * GiB,
                 "00000000:01:00.0",
                 "GPU-synthetic-0",
                 "",
+                reserved=512 * MiB,
             )
         }
     )

@@ -87,7 +87,8 @@ def test_device_matched_by_uuid_not_index() -> None:
     cuda, nvml = one_gpu()
     reg = registry_for(sources(cuda, nvml))
     assert value(reg, "memexporter_device_total_bytes", rank="3", device="cuda:0") == 80 * GiB
-    assert value(reg, "memexporter_device_used_bytes", rank="3", device="cuda:0") == 10 * GiB
+    assert value(reg, "memexporter_device_used_bytes", rank="3", device="cuda:0") == 10 * GiB - 512 * MiB
+    assert value(reg, "memexporter_device_reserved_bytes", rank="3", device="cuda:0") == 512 * MiB
     assert (
         value(
             reg,
