@@ -20,9 +20,11 @@ from __future__ import annotations
 import copy
 import math
 import statistics
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -191,11 +193,17 @@ def _recoverable(r: Replay) -> str:
     return f"{r.moments[-1].recoverable / (1 << 30):.2f} GiB (said {r.trace.oom_at - first.t:.1f} s before the OOM)"
 
 
-def main() -> None:
-    for name in trace_names():
+def main(argv: list[str] | None = None) -> int:
+    """Replay the committed traces, or the ``trace-*.json`` files (or folders of them) named."""
+    names: list[str] = []
+    for arg in sys.argv[1:] if argv is None else argv:
+        path = Path(arg)
+        names += sorted(str(p) for p in path.glob("trace-*.json")) if path.is_dir() else [str(path)]
+    for name in names or trace_names():
         with pytest.MonkeyPatch.context() as mp:
             print(f"[replay] {summary(replay(load_trace(name), mp))}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
