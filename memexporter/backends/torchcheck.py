@@ -26,9 +26,12 @@ _INSTALL = (
 
 
 def installed_version() -> str | None:
-    """The installed torch's version string (``"2.13.0+cpu"``), or None when torch is not installed.
+    """The installed torch's version string, or None when torch is not installed.
 
-    Read from the package metadata; only a torch without metadata (a source tree on PYTHONPATH) is
+    Read from the package metadata, which names the release as its wheel was published:
+    ``"2.13.0+cpu"`` from PyTorch's CPU index, but ``"2.11.0"`` from PyPI's CUDA wheel, whose
+    ``torch.__version__`` says ``"2.11.0+cu130"`` (PyPI takes no local version tags). Either is
+    enough for the minimum's check; only a torch without metadata (a source tree on PYTHONPATH) is
     imported to ask it, and callers are about to import torch anyway."""
     try:
         return metadata.version("torch")
