@@ -20,7 +20,7 @@ from memexporter._version import __version__
 from memexporter.collectors import fleet
 from memexporter.collectors.registry import GuardedCatalogue, catalogue
 from memexporter.collectors.scrape import Identity, Sources
-from memexporter.config import Config, origin
+from memexporter.config import Config, logs, origin
 from memexporter.serving.binding import PortAdvice, bind
 from memexporter.serving.conn import ConnectionStats
 from memexporter.serving.server import Server
@@ -135,6 +135,8 @@ def start(
     cannot be bound; the message also says where the port in use came from."""
     global _running
     config = Config.resolve(settings)  # bad values raise before anything starts
+    if config.log_level is not None:
+        logs.set_level(config.log_level)
     port_from = origin("port", settings.get("port"))
     if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
         raise TypeError(f"memexporter: meter_provider must be an OpenTelemetry MeterProvider, got {meter_provider!r}")
