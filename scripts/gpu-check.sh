@@ -60,7 +60,7 @@ step "record fixtures" record.log 40 "$PY" -m tests.cuda.record_fixtures --out t
 step "fixture tests" fixture-tests.log 40 "$PY" -m pytest -q -rs -p no:cacheprovider \
   tests/unit/test_recorded_fixtures.py tests/unit/test_fixture_recorder.py
 step "trace replay" replay.log 40 "$PY" -m tests.support.replay
-step "record traces" traces.log 110 "$PY" -m tests.cuda.record_traces --out "$LOGS/traces"
+step "record traces" traces.log 120 "$PY" -m tests.cuda.record_traces --out "$LOGS/traces"
 step "replay new traces" replay-new.log 30 "$PY" -m tests.support.replay "$LOGS/traces"
 if grep -q -- '--device' benchmarks/bench_launch.py 2>/dev/null; then
   step "launch-bound benchmark" bench-launch.log 60 "$PY" benchmarks/bench_launch.py --device cuda --rounds 30 --block 0.5 --part start

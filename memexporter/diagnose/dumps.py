@@ -161,7 +161,7 @@ def what_ran_out(sources: Sources, device: int, asked: int, device_free: int) ->
         scrape = Scrape(sources)
         view = scrape.views[label]
         reserved = scrape.allocator_stats.get(device, {}).get("reserved_bytes.all.current")
-        text = f"asked {fmt_bytes(asked)}: {describe_full(view, label, reserved)}"
+        text = f"asked {fmt_bytes(asked)}: {describe_full(view, label, asked, reserved)}"
         if (
             view.limit
             and view.stranded > MIN_SHARE * view.limit

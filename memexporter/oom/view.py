@@ -89,13 +89,32 @@ def with_budget(views: dict[str, MemoryView], targets: list[str], budget: int | 
     return out
 
 
-def describe_full(view: MemoryView, device: str, reserved: float | None = None) -> str:
-    """What ran out, in words: ``the 6.00 GiB limit (memory fraction 0.043) is full: 4.80 GiB
-    allocated, 1.20 GiB stranded in partly used segments (6.00 GiB reserved)`` (bytes formatted)."""
-    limit = "the limit (unknown)" if view.limit is None else f"the {fmt_bytes(view.limit)} limit"
+def describe_full(view: MemoryView, device: str, asked: float, reserved: float | None = None) -> str:
+    """What ran out when ``asked`` bytes could not be had, in words (bytes formatted):
+
+    - ``the 6.0 GiB limit (memory fraction 0.043) of cuda:0 is full: 4.8 GiB allocated, 1.2 GiB
+      stranded in partly used segments (6.0 GiB reserved)``: the ask did not fit in what is left;
+    - ``more than the whole 136.9 GiB limit (device memory) of cuda:0: ...``: it never could;
+    - ``the ... limit ... has 3.0 GiB left by the allocator's count, more than asked: ...``: something
+      outside the allocator took the device's memory (another process, a library's own allocations).
+    """
     source = f" ({view.source})" if view.source else ""
-    parts = [f"{fmt_bytes(view.used)} allocated" if device != "cpu" else f"{fmt_bytes(view.used)} resident"]
+    limit = (
+        f"{fmt_bytes(view.limit)} limit{source} of {device}"
+        if view.limit is not None
+        else f"limit of {device} (unknown)"
+    )
+    parts = [f"{fmt_bytes(view.used)} {'resident' if device == 'cpu' else 'allocated'}"]
     if view.stranded > 0:
         parts.append(f"{fmt_bytes(view.stranded)} stranded in partly used segments")
     tail = f" ({fmt_bytes(reserved)} reserved)" if reserved is not None else ""
-    return f"{limit}{source} of {device} is full: {', '.join(parts)}{tail}"
+    if view.limit is None:
+        head = f"the {limit}"
+    elif asked > view.limit:
+        head = f"more than the whole {limit}"
+    elif asked > view.limit - view.held:
+        head = f"the {limit} is full"
+    else:
+        left = fmt_bytes(view.limit - view.held)
+        head = f"the {limit} has {left} left by the allocator's count, more than asked (memory outside the allocator?)"
+    return f"{head}: {', '.join(parts)}{tail}"

@@ -69,3 +69,18 @@ def test_without_a_fraction_the_device_is_the_limit(fraction: float) -> None:
     cuda = FakeCuda(stats={0: stats}, fraction=fraction, total=H200_TOTAL, free=1 << 20)
     text = what_ran_out(sources(cuda, FakeNvml()), 0, 32 << 20, 1 << 20)
     assert "limit (device memory) of cuda:0 is full" in text
+
+
+def test_an_ask_larger_than_the_limit_is_said_as_such() -> None:
+    # The GPU test's 1 PiB ask (tests/cuda/test_diagnose_cuda.py): "is full" would be wrong there.
+    text = what_ran_out(job("trace-native-32mib"), 0, 1 << 50, 120 * GiB)  # type: ignore[arg-type]
+    assert text.startswith("asked 1024.0 TiB: more than the whole 6.0 GiB limit (memory fraction 0.043) of cuda:0: ")
+
+
+def test_room_left_by_the_allocators_count_points_outside_it() -> None:
+    # 32 MiB asked with 96 MiB left under the fraction: something else refused it.
+    stats, limit = after_oom("trace-native-32mib")
+    stats = {**stats, "allocated_bytes.all.current": limit - (96 << 20) - stats["inactive_split_bytes.all.current"]}
+    cuda = FakeCuda(stats={0: stats}, fraction=(limit + 0.5) / H200_TOTAL, total=H200_TOTAL, free=120 * GiB)
+    text = what_ran_out(sources(cuda, FakeNvml()), 0, 32 << 20, 1 << 20)
+    assert "limit (memory fraction 0.043) of cuda:0 has 96.0 MiB left by the allocator's count, more than asked" in text
