@@ -178,7 +178,13 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     (allocator, driver), host = select.backends(), HostBackend()
     # The diagnosis hooks (snapshots, the OOM observer) are CUDA's; elsewhere they stay idle.
     cuda = allocator if isinstance(allocator, TorchBackend) else TorchBackend()
-    tracker = steps.StepTracker(allocator, host, window=config.leak_window, warmup_steps=config.warmup_steps)
+    tracker = steps.StepTracker(
+        allocator,
+        host,
+        window=config.leak_window,
+        warmup_steps=config.warmup_steps,
+        detail=steps.Detail(steps.DETAIL_EVERY, steps.DETAIL_INTERVAL_S),
+    )
     history = History(tracker) if config.http else None  # the live page's last half hour: no page, no record
     if history is not None:
         tracker.add_boundary_callback(history.on_boundary)

@@ -30,6 +30,8 @@ from memexporter.oom.window import (
     MIB,
     MIN_POINTS,
     PEAK_LOOKBACK,
+    SETTLE_FLOOR_BYTES,
+    SETTLE_SECONDS,
     TrendPoints,
     TrendWindow,
     even_indices,
@@ -41,6 +43,8 @@ __all__ = [
     "NOISE_FLOOR_BYTES",
     "NOISE_SIGMAS",
     "PEAK_LOOKBACK",
+    "SETTLE_FLOOR_BYTES",
+    "SETTLE_SECONDS",
     "SLOWDOWN",
     "TrendEstimate",
     "TrendPoints",
@@ -88,13 +92,13 @@ def _median_slope(dy: Vector, dx: Vector) -> float:
     return float(np.median(dy[keep] / dx[keep])) if keep.any() else 0.0
 
 
-def _is_significant(x: Vector, y: Vector, slope: float) -> bool:
-    """Whether the fitted rise over the window stands out of the residuals' robust noise."""
+def _is_significant(x: Vector, y: Vector, slope: float, floor: float = NOISE_FLOOR_BYTES) -> bool:
+    """Whether the fitted rise over the window stands out of the residuals' robust noise and ``floor``."""
     resid = y - slope * x
     resid -= np.median(resid)
     sigma = 1.4826 * float(np.median(np.abs(resid)))  # MAD scaled to a Gaussian sigma
     rise = abs(slope * float(x[-1] - x[0]))
-    return rise > max(NOISE_SIGMAS * sigma * _inflation(resid, sigma), NOISE_FLOOR_BYTES)
+    return rise > max(NOISE_SIGMAS * sigma * _inflation(resid, sigma), floor)
 
 
 def _inflation(resid: Vector, sigma: float) -> float:
@@ -155,7 +159,8 @@ def rates(points: TrendPoints, values: tuple[float, ...]) -> tuple[float, float]
     per_step = _median_slope(dy, x_step[j] - x_step[i])
     # One gate for both rates, on the step axis: the same series, and steps are the steadier
     # axis (an evaluation pause stretches time, not steps).
-    if not (_is_significant(x_step, y, per_step) and _sustained(x_step, y, per_step)):
+    floor = SETTLE_FLOOR_BYTES if points.settling else NOISE_FLOOR_BYTES
+    if not (_is_significant(x_step, y, per_step, floor) and _sustained(x_step, y, per_step)):
         return 0.0, 0.0
     return per_step, _median_slope(dy, x_time[j] - x_time[i])
 

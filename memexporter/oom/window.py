@@ -36,6 +36,15 @@ RESTART_LOOKBACK = 8
 new level (model reloaded, memory freed), far beyond step-to-step noise. The lowest of several,
 not the last one, so the fall back to normal after a one-off upward spike is not a restart."""
 
+SETTLE_SECONDS = 5.0
+SETTLE_FLOOR_BYTES = 16.0 * MIB
+"""While the fit holds points from the first 5 s after start or restart, a rise must exceed 16 MiB
+(not 1 MiB) to count. A CPU job's RSS settles per second of work as much as per step (the C heap
+and torch's CPU caches grow while the first tensors of each size come and go): at 25 steps/s the
+healthy demo crept ~0.1 MiB a step over its first seconds, a few MiB across the window, and one run
+in eight read it as a leak. A real leak clears 16 MiB within 100 steps from 0.16 MiB a step, so
+fast steps still get their figure in steps, not seconds (issue 34)."""
+
 PEAK_LOOKBACK = 8
 """The ETA's peak level is the highest of the last 8 step peaks: the job OOMs at its highest
 peak, not its typical one, and peaks vary with batch shape. 8 steps keep it recent, so a one-off
@@ -68,6 +77,7 @@ class TrendPoints:
     restarts: int
     capacity: int = 0
     committed: tuple[float, ...] = ()
+    settling: bool = False  # the fit holds points of the first SETTLE_SECONDS: SETTLE_FLOOR_BYTES applies
     recent_committed_peaks: tuple[float, ...] = ()
     last_committed: float | None = None
     last_committed_peak: float | None = None
@@ -109,6 +119,7 @@ class TrendWindow:
         self._recent_committed: deque[float] = deque(maxlen=PEAK_LOOKBACK)  # committed, baseline and peak
         self._recent_committed_peak: deque[float] = deque(maxlen=PEAK_LOOKBACK)
         self._seen = 0  # points since start or restart, warm-up included
+        self._first_t = 0.0  # the time of the first of them
         self._last_in_ring = False  # whether the last point went into the ring (past warm-up)
         self._last_step, self._last_t = 0, 0.0
         self._restarts = 0
@@ -139,6 +150,8 @@ class TrendWindow:
                     i = self._head - 1
                     times[i], bases[i], peaks[i], held[i] = t, baseline, peak, committed
                 return
+            if not self._seen:
+                self._first_t = t
             self._last_in_ring = self._seen >= self.warmup_steps
             if self._last_in_ring:
                 # Ring first: a step the int64 array refuses raises before any state changed.
@@ -190,6 +203,7 @@ class TrendWindow:
                 restarts=self._restarts,
                 capacity=cap,
                 committed=tuple([held[i] for i in slots]),
+                settling=bool(slots) and times[slots[0]] - self._first_t < SETTLE_SECONDS,
                 recent_committed_peaks=tuple(self._recent_committed_peak),
                 last_committed=self._recent_committed[-1] if self._recent_committed else None,
                 last_committed_peak=self._recent_committed_peak[-1] if self._recent_committed_peak else None,

@@ -101,8 +101,15 @@ class PhaseTracker:
         return self._out_of_step > 0
 
     def sample(self) -> Readings | None:
-        """One reading, also a step-peak sample (the step tracker's)."""
-        return self._steps.sample()
+        """One reading, also a step-peak sample (the step tracker's), on any step: a phase of the
+        user's (an evaluation, a checkpoint) is rare and always measured."""
+        return self._steps.sample(force=True)
+
+    @property
+    def detailed(self) -> bool:
+        """Whether this training step takes intra-step readings (``steps.Detail``): the automatic
+        phases are measured on those steps only."""
+        return self._steps.detailed
 
     def latest(self) -> Readings | None:
         """The step tracker's latest reading, without a new one (None before the first)."""
@@ -221,14 +228,14 @@ def forward_begin() -> None:
     reading costs syscalls (RSS, high-water mark) or an allocator-stats read per CUDA device,
     which a cache-cold training loop pays 10-20 us for on CPU: the automatic phases add none."""
     tracker = active()
-    if tracker is not None:
+    if tracker is not None and tracker.detailed:
         _switch(("backward",), "forward", tracker.latest() or tracker.sample())  # none yet: the first forward
 
 
 def forward_end(grad: bool) -> None:
     """It ended (also a step-peak sample): ``backward`` runs next if it kept a graph (``grad``)."""
     tracker = active()
-    if tracker is not None:
+    if tracker is not None and tracker.detailed:
         _switch(("forward",), "backward" if grad else None, tracker.sample())
 
 

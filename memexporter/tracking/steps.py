@@ -9,6 +9,14 @@ The per-step peak never resets the user's peak statistics. It uses the lifetime 
 the step's peak *is* the new high-water mark (exact, and exactly the case that leads to an OOM).
 Otherwise the peak is the highest of the samples taken in the step (boundaries, the optimizer
 pre-step hook, the end of a tracked model's forward): a lower bound.
+
+One reading per step. A reading builds the allocator's whole statistics dict (~150 keys on CUDA);
+a launch-bound loop holds the GIL between tiny kernels and pays for each one. So in steady state a
+step takes one reading, at its boundary (``Detail``): the intra-step samples and the automatic
+phases (forward, backward, optimizer) read only on a *detailed* step, one in ``DETAIL_EVERY`` and at
+most one per ``DETAIL_INTERVAL_S``, as the tracked model's forward recording does. The step peak
+stays exact wherever the high-water mark rose; in between, the samples of a detailed step bound it
+from below.
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ log = logging.getLogger("memexporter")
 _DEVICE_REFRESH_STEPS = 50
 # step_interval_seconds is the median of the intervals between the last this-many boundaries.
 _RHYTHM_STEPS = 33
+DETAIL_EVERY = 8
+"""In steady state at most one step in this many takes intra-step readings (``Detail``)..."""
+DETAIL_INTERVAL_S = 1.0
+"""...and at most one per this many seconds (the same pace as a tracked model's recorded forwards)."""
 
 Readings: TypeAlias = dict[str, Reading]
 """``{device: Reading(used, lifetime high-water mark, committed)}`` in bytes, read at one instant."""
@@ -87,6 +99,25 @@ def _step_peak(dev: _Device, used: int, high_water: int) -> int:
     return max(samples, min(high_water, dev.last_used + dev.excursion))
 
 
+@dataclass
+class Detail:
+    """Which steps take intra-step readings: one in ``every``, at most one per ``interval`` seconds,
+    the first always. ``Detail()`` (every step) is for direct users; the exporter paces it."""
+
+    every: int = 1
+    interval: float = 0.0
+    _since: int = 1 << 30  # steps since the last detailed one
+    _at: float = -1e18  # when it started
+
+    def next(self, now: float) -> bool:
+        """A boundary at ``now`` (monotonic seconds): whether the step it starts is detailed."""
+        self._since += 1
+        if self._since >= self.every and now - self._at >= self.interval:
+            self._since, self._at = 0, now
+            return True
+        return False
+
+
 class StepTracker:
     """Bounded per-device step history. ``step()`` and ``sample()`` run on the training thread."""
 
@@ -99,8 +130,12 @@ class StepTracker:
         clock: Callable[[], float] = time.monotonic,
         host_peak: Callable[[], int] = _host_peak,
         wall: Callable[[], float] = time.time,
+        detail: Detail | None = None,
     ) -> None:
         self._cuda, self._host, self._clock, self._host_peak, self._wall = cuda, host, clock, host_peak, wall
+        self.detail = detail or Detail()  # which steps take intra-step readings
+        self.detailed = True  # the current step takes intra-step readings (the first always does)
+        self.readings = 0  # readings taken, for the benchmark and the tests
         self._window, self._warmup = window, warmup_steps
         self._lock = threading.Lock()
         self._devices: dict[str, _Device] = {}
@@ -126,6 +161,7 @@ class StepTracker:
         reading (and counted): the others, and the step count, never depend on it.
         """
         out: Readings = {}
+        self.readings += 1
         try:
             if refresh and self.steps % _DEVICE_REFRESH_STEPS == 0:
                 self._cuda_indices = self._cuda.devices_in_use()
@@ -143,8 +179,11 @@ class StepTracker:
                 self._failed()
         return out
 
-    def sample(self) -> Readings | None:
-        """Record an intra-step sample of ``used``, for the step peak; the readings, or None if they failed."""
+    def sample(self, force: bool = False) -> Readings | None:
+        """Record an intra-step sample of ``used``, for the step peak; the readings, or None if they
+        failed or this step is not detailed (``force``: read anyway, as a user's phase does)."""
+        if not (self.detailed or force):
+            return None
         try:
             readings = self.last = self._read()
             with self._lock:
@@ -182,6 +221,7 @@ class StepTracker:
                     dev.window.add(self.steps, now, float(used), float(peak), float(committed))
                     dev.high_water, dev.last_used, dev.step_max, dev.last_peak = high_water, used, used, peak
                 steps = self.steps
+                self.detailed = self.detail.next(now)
             for observer in self._observers:
                 observer(readings)
             for callback in self._boundary_callbacks:

@@ -136,3 +136,22 @@ def test_growth_that_stops_reads_flat_within_a_quarter_window() -> None:
     # The window starts at step 20; the growth stops at step 60; the newest quarter of the window
     # [20, s] is flat from s - (s - 20) / 4 >= 60, that is from step 74.
     assert finite[-1] < 74
+
+
+def test_a_young_processs_rss_creep_is_not_a_leak_however_fast_its_steps() -> None:
+    # What one healthy CPU demo run in eight read once the warm-up counted steps only: its RSS crept
+    # ~0.11 MiB a step at 25 steps/s over its first 5 s (the C heap and torch's caches settling), and
+    # steps 69-78 read "0.11 MiB/step, OOM in 24 minutes" against a limit 1 GiB above the peak. While
+    # the fit holds points of the first 5 s, a rise must clear 16 MiB; a leak of 1 MiB a step does.
+    for seed in range(10):
+        saw = heap_sawtooth(seed, amplitude=0.5 * MIB)
+
+        def creep(s: int, saw: list[float] = saw) -> float:
+            return startup(s) + 0.11 * MIB * min(s, 125) + saw[s]
+
+        assert misreads(creep, rate=25.0, steps=400) == [], seed
+    w = TrendWindow(200, 20)
+    for s in range(120):
+        base = 400 * MIB + 1 * MIB * s
+        w.add(s, s / 25.0, base, base + 30 * MIB)
+    assert estimate(w.snapshot(), 2 * GIB).leak_bytes_per_step == pytest.approx(1 * MIB, rel=0.1)

@@ -22,7 +22,7 @@ import memexporter
 from memexporter.backends.base import HostSample
 from memexporter.tracking import boundaries, phases
 from memexporter.tracking.phases import MAX_PHASES, OTHER, OUT_OF_STEP_PHASES, PhaseStats, PhaseTracker
-from memexporter.tracking.steps import StepTracker
+from memexporter.tracking.steps import Detail, StepTracker
 from tests.support.fakes import FakeCuda, GiB, MiB, registry_for, sources
 from tests.unit.tracking.test_steps import ScriptedHost
 
@@ -424,7 +424,10 @@ def trained(no_exporter: None) -> tuple[PhaseTracker, nn.Module, torch.optim.Opt
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     exp = memexporter.start(port=0, addr="127.0.0.1", model=model, optimizer=opt)
-    assert exp.sources.phases is not None
+    assert exp.sources.phases is not None and exp.sources.steps is not None
+    # Every step detailed, so that each one measures its automatic phases: the exporter's own pace
+    # (one step in eight, at most once a second) is tested below.
+    exp.sources.steps.detail = Detail()
     return exp.sources.phases, model, opt  # no_exporter stops it
 
 
