@@ -7,8 +7,6 @@ from __future__ import annotations
 from memexporter import dashboards
 
 RANKS_1024 = [str(r) for r in range(1024)]
-
-
 VM_MAX_QUERY_LEN = 16 * 1024  # VictoriaMetrics' -search.maxQueryLen default: "too long query" past it
 
 

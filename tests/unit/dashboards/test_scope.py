@@ -63,8 +63,6 @@ def test_run_wide_panels_are_marked() -> None:
 
 
 _AGG = re.compile(r"(sum|min|max|avg|count|quantile|topk|bottomk)\s*(by\s*\(([^)]*)\))?\s*\(")
-
-
 _OPS = re.compile(
     r"\s(or|unless|and|[-+*/]|==|>|<)\s+(?:(?:on|ignoring)\s*\([^)]*\)\s*)?"
     r"(?:(?:group_left|group_right)\s*\([^)]*\)\s*)?"

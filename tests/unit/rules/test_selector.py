@@ -24,8 +24,6 @@ GOOD_SELECTORS = [
     'job!~"", cluster="a"',
     'job="\\u00e9\\x41\\101"',
 ]
-
-
 BAD_SELECTORS = [
     ("job=foo", 'the value of job must be a quoted string, e.g. job="foo"'),
     ('job="a" rank="0"', "matchers are separated by commas"),
