@@ -28,7 +28,8 @@
 - ``healthy_demo``: the demo's own loop in fresh forked processes, its ETA read after every step.
 - ``frameworks``: ``/metrics`` read as Prometheus would and the bytes module rows must add up to,
   from the live tensors' element counts, for the tests under real frameworks (HF, Lightning,
-  accelerate, DDP, FSDP2).
+  accelerate, DDP, FSDP2); ``callback_trainers``: the small Lightning and HF ``Trainer`` runs of the
+  framework callback tests.
 - ``victoriametrics``: VictoriaMetrics single-node, vmalert (the flags of deploy/victoriametrics/vmalert.default)
   and a Prometheus agent that remote-writes to it.
 - ``ranksim`` (with ``rank_exposition``, ``ranksim_server``): N simulated ranks of one or more runs in one
