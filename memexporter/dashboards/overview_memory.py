@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from memexporter.dashboards.grafana import Panel
 from memexporter.dashboards.overview_run import ETA
-from memexporter.dashboards.scope import JOB, KEY, among, m, picked, scoped, top, worst
+from memexporter.dashboards.scope import COMMITTED_PEAK, JOB, KEY, among, m, picked, scoped, top, worst
 
 RI = "[$__rate_interval]"
 _WORST = (
@@ -35,12 +35,14 @@ def memory_panels() -> tuple[Panel, ...]:
             "timeseries",
             "bytes",
             "How close is each rank to its OOM limit? used is live memory (cuda: allocated bytes, cpu: RSS), "
-            "limit is what used can reach before an OOM, peak the highest used in the last step, baseline "
-            "what persists between steps." + _WORST,
+            "committed what fills the limit (allocated plus what is stranded in partly used segments of the "
+            "caching allocator), limit what committed can reach before an OOM, peak the highest used in the last "
+            "step, baseline what persists between steps." + _WORST,
             tuple(
                 (among(m(f"memory_{name}_bytes"), fullest), f"{label} r{{{{rank}}}} {{{{device}}}}")
                 for name, label in (
                     ("used", "used"),
+                    ("committed", "committed"),
                     ("limit", "limit"),
                     ("peak", "step peak"),
                     ("baseline", "baseline"),
@@ -53,7 +55,7 @@ def memory_panels() -> tuple[Panel, ...]:
             "Time to OOM",
             "stat",
             "s",
-            "How long until the step peak reaches the limit at the current leak rate? Infinity means memory "
+            "How long until the committed step peak reaches the limit at the current trend? Infinity means memory "
             "is not growing beyond its own noise. The Top K soonest among the selected ranks.",
             ((f"bottomk($topk, {scoped(m('oom_eta_seconds'))})", "r{{rank}} {{device}}"),),
             w=8,
@@ -65,11 +67,12 @@ def memory_panels() -> tuple[Panel, ...]:
             "Headroom at step peak",
             "bargauge",
             "percentunit",
-            "What fraction of the limit is still free at the step peak? 1 - peak / limit, per rank and device: "
-            "the Top K with the least among the selected ranks.",
+            "What fraction of the limit is still free at the step peak? 1 - committed peak / limit, per rank and "
+            "device (the committed peak: the step peak plus what is stranded in partly used segments; an exporter "
+            "from before it: its step peak): the Top K with the least among the selected ranks.",
             (
                 (
-                    f"bottomk($topk, 1 - {scoped(m('memory_peak_bytes'))} / {m('memory_limit_bytes')})",
+                    f"bottomk($topk, 1 - {scoped(COMMITTED_PEAK)} / {m('memory_limit_bytes')})",
                     "r{{rank}} {{device}}",
                 ),
             ),
