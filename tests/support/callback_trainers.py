@@ -18,6 +18,14 @@ nn = torch.nn
 F = torch.nn.functional
 
 MiB = 1 << 20
+MARKS = [
+    pytest.mark.integration,
+    # lightning 2.6 on torch 2.13: lightning's own pytree helper uses a deprecated torch name. Not ours.
+    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
+    # The risk and exception runs train without a validation loader: Lightning says so. Expected.
+    pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`"),
+]
+"""The ``pytestmark`` of every callback test file."""
 
 
 def rss() -> int:

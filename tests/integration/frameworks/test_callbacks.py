@@ -45,6 +45,7 @@ from tests.support.callback_trainers import (
     L_TRAIN_ROWS,
     L_VAL_EVERY,
     L_VAL_ROWS,
+    MARKS,
     MiB,
     hf_args,
     hf_dataset,
@@ -59,13 +60,7 @@ from tests.support.callback_trainers import (
 from tests.support.frameworks import Samples, read_samples
 from tests.support.ports import free_port
 
-pytestmark = [
-    pytest.mark.integration,
-    # lightning 2.6 on torch 2.13: lightning's own pytree helper uses a deprecated torch name. Not ours.
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    # The risk and exception runs train without a validation loader: Lightning says so. Expected.
-    pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`"),
-]
+pytestmark = MARKS
 
 EVAL_EXTRA = 64 * MiB  # held by every evaluation loop, allocated with torch.ones: resident pages
 

@@ -19,6 +19,7 @@ from tests.support.callback_trainers import (
     HF_EVAL_ROWS,
     L_TRAIN_ROWS,
     L_VAL_ROWS,
+    MARKS,
     hf_args,
     hf_dataset,
     l_loader,
@@ -30,13 +31,7 @@ from tests.support.callback_trainers import (
 )
 from tests.support.frameworks import read_samples
 
-pytestmark = [
-    pytest.mark.integration,
-    # lightning 2.6 on torch 2.13: lightning's own pytree helper uses a deprecated torch name. Not ours.
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    # The risk and exception runs train without a validation loader: Lightning says so. Expected.
-    pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`"),
-]
+pytestmark = MARKS
 
 
 def test_lightning_test_and_predict_phases(tmp_path: Path, clean: None) -> None:

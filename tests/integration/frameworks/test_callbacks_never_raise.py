@@ -22,6 +22,7 @@ from tests.support.callback_trainers import (
     HF_TRAIN_ROWS,
     L_TRAIN_ROWS,
     L_VAL_ROWS,
+    MARKS,
     hf_args,
     hf_dataset,
     l_loader,
@@ -32,13 +33,7 @@ from tests.support.callback_trainers import (
     transformers,
 )
 
-pytestmark = [
-    pytest.mark.integration,
-    # lightning 2.6 on torch 2.13: lightning's own pytree helper uses a deprecated torch name. Not ours.
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    # The risk and exception runs train without a validation loader: Lightning says so. Expected.
-    pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`"),
-]
+pytestmark = MARKS
 
 
 def run_small(framework: str, tmp_path: Path, callback_kwargs: dict[str, Any]) -> tuple[int, int, Any]:

@@ -15,6 +15,7 @@ import pytest
 from tests.support.callback_trainers import (
     BATCH,
     HF_TRAIN_ROWS,
+    MARKS,
     MiB,
     hf_args,
     hf_dataset,
@@ -27,13 +28,7 @@ from tests.support.callback_trainers import (
     transformers,
 )
 
-pytestmark = [
-    pytest.mark.integration,
-    # lightning 2.6 on torch 2.13: lightning's own pytree helper uses a deprecated torch name. Not ours.
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    # The risk and exception runs train without a validation loader: Lightning says so. Expected.
-    pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`"),
-]
+pytestmark = MARKS
 
 torch = pytest.importorskip("torch", reason="needs torch")
 
