@@ -160,8 +160,10 @@ def setup(v: Version, say: Callable[[str], None]) -> Path:
 
 
 def _imports(python: Path) -> bool:
-    found = subprocess.run([str(python), "-c", "import torch, pytest"], capture_output=True, check=False)
-    return python.exists() and found.returncode == 0
+    """The venv works: its torch and pytest import (a venv half built, or broken by hand, is set up again)."""
+    if not python.exists():
+        return False
+    return subprocess.run([str(python), "-c", "import torch, pytest"], capture_output=True, check=False).returncode == 0
 
 
 @dataclass
