@@ -135,8 +135,7 @@ def start(
     cannot be bound; the message also says where the port in use came from."""
     global _running
     config = Config.resolve(settings)  # bad values raise before anything starts
-    if config.log_level is not None:
-        logs.set_level(config.log_level)
+    logs.set_level(config.log_level)
     port_from = origin("port", settings.get("port"))
     if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
         raise TypeError(f"memexporter: meter_provider must be an OpenTelemetry MeterProvider, got {meter_provider!r}")

@@ -7,18 +7,19 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 VPY="${MEMEXPORTER_VENV:-.venv}/bin/python"
 export MEMEXPORTER_REQUIRE_BINARIES=1   # missing binaries fail the run instead of skipping
+echo "[test] ruff"; "$VPY" -m ruff format --check memexporter tests benchmarks; "$VPY" -m ruff check memexporter tests benchmarks
+echo "[test] mypy"; "$VPY" -m mypy
+echo "[test] generated files"; "$VPY" -m memexporter.cli.generate --check
 # The torch versions users run (the oldest claimed, 2.11, the newest: scripts/torch_versions.py): each
-# in its cached venv (set up once, outside the clone), in the background beside everything below.
-# Its lines start with [torch ...]. MEMEXPORTER_TEST_TORCH_VERSIONS=none skips it, as a run given
-# pytest arguments does unless the variable names versions (2.11,2.15 or all).
+# in its cached venv (set up once, outside the clone), in the background beside pytest, whose live
+# tests mostly wait (ruff and mypy before it do not). Its lines start with [torch ...].
+# MEMEXPORTER_TEST_TORCH_VERSIONS=none skips it, as a run given pytest arguments does unless the
+# variable names versions (2.11,2.15 or all).
 [[ $# -gt 0 ]] && export MEMEXPORTER_TEST_TORCH_VERSIONS="${MEMEXPORTER_TEST_TORCH_VERSIONS:-none}"
 rm -f build/torch-versions/summary.txt
 "$VPY" scripts/torch_versions.py run &
 versions=$!
 trap 'kill "$versions" 2>/dev/null || true' EXIT
-echo "[test] ruff"; "$VPY" -m ruff format --check memexporter tests benchmarks; "$VPY" -m ruff check memexporter tests benchmarks
-echo "[test] mypy"; "$VPY" -m mypy
-echo "[test] generated files"; "$VPY" -m memexporter.cli.generate --check
 # Tests run in parallel processes (pytest-xdist): the long live tests mostly wait on real
 # Prometheus/Alertmanager and a training demo, so they overlap with the rest. --dist loadgroup
 # keeps each xdist_group (tests sharing one expensive fixture) on one worker. Slow tests name

@@ -22,9 +22,12 @@ def _stderr_handler() -> logging.Handler:
     return handler
 
 
-def set_level(level: str) -> None:
+def set_level(level: str | None) -> None:
     """``start()``'s ``log_level``: memexporter's logger at ``level`` (``DEBUG`` ... ``ERROR``),
-    with a stderr handler only where the application configured no logging at all."""
+    with a stderr handler only where the application configured no logging at all; ``None``
+    (unset) leaves the logger as it is."""
+    if level is None:
+        return
     logger = logging.getLogger(LOGGER)
     logger.setLevel(level)
     if not logger.handlers and not logging.getLogger().handlers:
