@@ -45,6 +45,8 @@ MAX_PHASES = 16
 """Distinct phase names exported per process; later names are counted as ``OTHER`` (except the
 out-of-step names, which always keep theirs: at most 21 names)."""
 OTHER = "other"
+INSIDE_INTERVAL_S = 0.1
+"""Seconds between the readings at a tracked forward's end inside an out-of-step phase (``inside``)."""
 
 
 @dataclass
@@ -93,6 +95,7 @@ class PhaseTracker:
         self._open: list[_Open] = []
         self._stats: dict[str, PhaseStats] = {}
         self._out_of_step = 0  # out-of-step occurrences open now
+        self._inside_at = -1e18  # when a forward's end inside one was last read (monotonic s)
         self.last_change: float | None = None  # unix time a phase began or ended
         steps.add_observer(self._observe)
 
@@ -104,6 +107,17 @@ class PhaseTracker:
         """One reading, also a step-peak sample (the step tracker's), on any step: a phase of the
         user's (an evaluation, a checkpoint) is rare and always measured."""
         return self._steps.sample(force=True)
+
+    def inside(self) -> None:
+        """A tracked forward ended inside a user's out-of-step phase (an evaluation) on a step
+        that takes no intra-step readings: read at the first such end of the occurrence, then at
+        most every ``INSIDE_INTERVAL_S``. What the evaluation's batches hold (a buffer from its
+        first batch to its end) lies between its boundaries; without this, its peak would be
+        exact only where the high-water mark rose."""
+        now = self._clock()
+        if now - self._inside_at >= INSIDE_INTERVAL_S:
+            self._inside_at = now
+            self.sample()
 
     @property
     def detailed(self) -> bool:
@@ -134,6 +148,7 @@ class PhaseTracker:
                 first = self._out_of_step == 1
             if first:
                 self._steps.hold()
+                self._inside_at = -1e18  # the occurrence's first forward end reads
         readings = self.sample() if readings is None else readings
         with self._lock:
             if readings is None:  # no reading at all: nothing opens, and nothing stays held
@@ -235,8 +250,12 @@ def forward_begin() -> None:
 def forward_end(grad: bool) -> None:
     """It ended (also a step-peak sample): ``backward`` runs next if it kept a graph (``grad``)."""
     tracker = active()
-    if tracker is not None and tracker.detailed:
+    if tracker is None:
+        return
+    if tracker.detailed:
         _switch(("forward",), "backward" if grad else None, tracker.sample())
+    elif tracker.out_of_step:
+        tracker.inside()
 
 
 def optimizer_begin(readings: Readings | None) -> None:

@@ -100,3 +100,28 @@ def test_the_step_peak_stays_exact_where_the_high_water_mark_rose() -> None:
                 stats["allocated_bytes.all.peak"],
             )
     assert cuda.readings == 19 + 1  # the boundaries, and the sample of the one detailed step
+
+
+def test_an_evaluation_between_detailed_steps_sees_what_its_batches_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Lightning validation on an undetailed step read only its two boundaries, where its buffer is
+    # not yet or no longer held: its peak was the training step's (CI, torch 2.11, the callback test).
+    stats = dict(SYNTHETIC_STATS)
+    cuda = CountingCuda(stats={0: stats})
+    monkeypatch.setattr(select, "backends", lambda kind=None: (cuda, FakeNvml()))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    exp = memexporter.start(http=False, model=model, optimizer=opt)
+    train(model, opt, 3)  # the first step is detailed; the next ones, within a second, are not
+    phases = exp.sources.phases
+    assert phases is not None and not phases.detailed
+    base, before = stats["allocated_bytes.all.current"], cuda.readings
+    with memexporter.phase("eval"), torch.no_grad():
+        for batch in range(4):
+            if batch == 0:
+                stats["allocated_bytes.all.current"] = base + 64 * MiB
+            model(torch.randn(2, 8))
+        stats["allocated_bytes.all.current"] = base
+    stats_by_name, _ = phases.snapshot()
+    assert stats_by_name["eval"].peaks["cuda:0"] == base + 64 * MiB
+    # Paced: its two boundaries and one reading inside (the first forward's end), not one a batch.
+    assert cuda.readings - before == 3
