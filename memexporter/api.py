@@ -47,6 +47,7 @@ def start(
     census_every: int | None = None,
     census_budget: float | None = None,
     run_id: str | None = None,
+    log_level: str | None = None,
     detail_ranks: str | None = None,
     model: Any = None,
     optimizer: Any = None,

@@ -21,7 +21,7 @@ from memexporter._version import __version__
 from memexporter.collectors import fleet
 from memexporter.collectors.registry import GuardedCatalogue, catalogue
 from memexporter.collectors.scrape import Sources
-from memexporter.config import Config, origin
+from memexporter.config import Config, logs, origin
 from memexporter.serving.conn import ConnectionStats
 from memexporter.serving.job.binding import PortAdvice, check, port_for_rank
 from memexporter.serving.job.link import Link
@@ -143,6 +143,7 @@ def start(
     cannot be bound; the message also says where the port in use came from."""
     global _running
     config = Config.resolve(settings)  # bad values raise before anything starts
+    logs.set_level(config.log_level)
     port_from = origin("port", settings.get("port"))
     if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
         raise TypeError(f"memexporter: meter_provider must be an OpenTelemetry MeterProvider, got {meter_provider!r}")
@@ -189,7 +190,13 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     (allocator, driver), host = select.backends(), HostBackend()
     # The diagnosis hooks (snapshots, the OOM observer) are CUDA's; elsewhere they stay idle.
     cuda = allocator if isinstance(allocator, TorchBackend) else TorchBackend()
-    tracker = steps.StepTracker(allocator, host, window=config.leak_window, warmup_steps=config.warmup_steps)
+    tracker = steps.StepTracker(
+        allocator,
+        host,
+        window=config.leak_window,
+        warmup_steps=config.warmup_steps,
+        detail=steps.Detail(steps.DETAIL_EVERY, steps.DETAIL_INTERVAL_S),
+    )
     history = History(tracker) if config.http else None  # the live page's last half hour: no page, no record
     if history is not None:
         tracker.add_boundary_callback(history.on_boundary)

@@ -10,6 +10,16 @@ export MEMEXPORTER_REQUIRE_BINARIES=1   # missing binaries fail the run instead 
 echo "[test] ruff"; "$VPY" -m ruff format --check memexporter tests benchmarks; "$VPY" -m ruff check memexporter tests benchmarks
 echo "[test] mypy"; "$VPY" -m mypy
 echo "[test] generated files"; "$VPY" -m memexporter.cli.generate --check
+# The torch versions users run (the oldest claimed, 2.11, the newest: scripts/torch_versions.py): each
+# in its cached venv (set up once, outside the clone), in the background beside pytest, whose live
+# tests mostly wait (ruff and mypy before it do not). Its lines start with [torch ...].
+# MEMEXPORTER_TEST_TORCH_VERSIONS=none skips it, as a run given pytest arguments does unless the
+# variable names versions (2.11,2.15 or all).
+[[ $# -gt 0 ]] && export MEMEXPORTER_TEST_TORCH_VERSIONS="${MEMEXPORTER_TEST_TORCH_VERSIONS:-none}"
+rm -f build/torch-versions/summary.txt
+"$VPY" scripts/torch_versions.py run &
+versions=$!
+trap 'kill "$versions" 2>/dev/null || true' EXIT
 # Tests run in parallel processes (pytest-xdist): the long live tests mostly wait on real
 # Prometheus/Alertmanager and a training demo, so they overlap with the rest. --dist loadgroup
 # keeps each xdist_group (tests sharing one expensive fixture) on one worker. Slow tests name
@@ -23,7 +33,13 @@ else
   "$VPY" -m pytest -q -n "$workers" --dist loadgroup "$@"
 fi
 rc=$?
-set -e
 # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
-[[ $rc -eq 5 ]] && { echo "[test] pytest collected no tests" >&2; exit 1; }
-exit $rc
+[[ $rc -eq 5 ]] && { echo "[test] pytest collected no tests" >&2; rc=1; }
+echo "[test] waiting for the other torch versions"
+wait "$versions"
+versions_rc=$?
+trap - EXIT
+set -e
+[[ -f build/torch-versions/summary.txt ]] && cat build/torch-versions/summary.txt
+[[ $rc -ne 0 ]] && exit $rc
+exit $versions_rc

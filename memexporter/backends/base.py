@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 log = logging.getLogger("memexporter")
 T = TypeVar("T")
@@ -21,6 +21,54 @@ T = TypeVar("T")
 ALLOCATOR_NATIVE = "native"
 ALLOCATOR_ASYNC = "cudaMallocAsync"
 ALLOCATOR_PLUGGABLE = "pluggable"  # torch.cuda.memory.CUDAPluggableAllocator: no statistics at all
+
+
+def committed(stats: Mapping[str, int], backend: str, expandable: bool) -> int | None:
+    """The bytes a device's limit is met by: the memory the caching allocator cannot hand back.
+
+    A caching allocator reserves segments and carves tensors out of them. Before it reports an
+    OOM it frees its wholly free cached segments and retries, so those never count; the rest does:
+
+    - native: ``allocated`` plus ``inactive_split`` (free blocks stranded in partly used segments,
+      which only smaller requests can reuse). On an H200 under a 6 GiB memory fraction, a job
+      leaking 8 MiB a step got 20 MiB segments: ``reserved`` grew 10 MiB a step against 8, and the
+      OOM came with ``allocated`` at 79 % of the limit and ``allocated + inactive_split`` at 99.7 %.
+    - expandable segments (``expandable_segments:True``): ``reserved``, the mapped pages, which stay
+      close to ``allocated`` (100 % and 99.2 % at the same OOM).
+    - ``cudaMallocAsync``: ``allocated``. The driver's pool keeps freed memory that the next
+      allocation takes back; its ``reserved`` reached 136 % of the fraction with no OOM.
+
+    XPU keeps the native statistics (``inactive_split`` from torch 2.11); MPS only allocated and
+    reserved, so its figure is ``allocated``. ``None`` when the allocator reports nothing.
+    """
+    allocated = stats.get("allocated_bytes.all.current")
+    if allocated is None:
+        return None
+    if backend == ALLOCATOR_ASYNC:
+        return allocated
+    if expandable:
+        return max(allocated, stats.get("reserved_bytes.all.current", allocated))
+    return allocated + stats.get("inactive_split_bytes.all.current", 0)
+
+
+def expandable_in(settings: str) -> bool:
+    """Whether allocator settings (``"expandable_segments:True,max_split_size_mb:128"``, the
+    ``PYTORCH_CUDA_ALLOC_CONF`` syntax) turn expandable segments on."""
+    for item in settings.split(","):
+        key, _, value = item.partition(":")
+        if key.strip() == "expandable_segments":
+            return value.strip().lower() == "true"
+    return False
+
+
+class Reading(NamedTuple):
+    """One device read at one instant on the training thread, in bytes: ``used`` (allocated, or the
+    process RSS on ``cpu``), its lifetime high-water mark ``peak``, and ``committed``, what the limit
+    is met by (``committed()``; the RSS on ``cpu``)."""
+
+    used: int
+    peak: int
+    committed: int
 
 
 # The device families torch's caching allocators serve, by torch.device type. ROCm's HIP build
@@ -48,6 +96,10 @@ class DeviceMemory:
     GPU's UUID and ``gpu_instance_id`` its GPU instance id, which is how dcgm-exporter labels a
     slice (``UUID``, ``GPU_I_ID``); on a whole GPU ``gpu_uuid`` equals ``uuid`` and
     ``gpu_instance_id`` is empty. ``vendor``: ``nvidia``, ``amd`` or ``intel``.
+
+    ``reserved`` is what the driver sets aside for itself (NVML v2's ``reserved``), where the library
+    reports it apart: then ``used`` excludes it and ``total = used + reserved + free``. ``None``
+    where it cannot be told apart (NVML v1, amdsmi, Level Zero), and ``used`` may include it.
     """
 
     uuid: str
@@ -59,6 +111,7 @@ class DeviceMemory:
     gpu_uuid: str = ""
     gpu_instance_id: str = ""
     vendor: str = "nvidia"
+    reserved: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,10 +126,19 @@ class DeviceIdentity:
     gpu_instance_id: str = ""
     vendor: str = "nvidia"
 
-    def with_memory(self, total: int, used: int, free: int) -> DeviceMemory:
-        """This device's ``DeviceMemory`` with the sizes just read (bytes)."""
+    def with_memory(self, total: int, used: int, free: int, reserved: int | None = None) -> DeviceMemory:
+        """This device's ``DeviceMemory`` with the sizes just read (bytes; ``reserved``: see there)."""
         return DeviceMemory(
-            self.uuid, self.name, total, used, free, self.pci_bus_id, self.gpu_uuid, self.gpu_instance_id, self.vendor
+            self.uuid,
+            self.name,
+            total,
+            used,
+            free,
+            self.pci_bus_id,
+            self.gpu_uuid,
+            self.gpu_instance_id,
+            self.vendor,
+            reserved,
         )
 
 
@@ -113,7 +175,8 @@ class AllocatorSource(Protocol):
     def devices_in_use(self) -> list[int]: ...
     def device_stats(self) -> dict[int, Mapping[str, int]]: ...
     def allocator_backend(self) -> str: ...
-    def allocated(self, index: int) -> tuple[int, int]: ...
+    def expandable_segments(self) -> bool: ...
+    def reading(self, index: int) -> Reading: ...
     def uuid(self, index: int) -> str | None: ...
     def total_memory(self, index: int) -> int | None: ...
     def memory_fraction(self, index: int) -> float: ...
@@ -177,3 +240,22 @@ class LogOnce:
         except Exception as exc:
             self.warning(key, msg, *args, exc)
             return default
+
+
+def reading_of(nested: Mapping[str, object], layout: tuple[str, bool]) -> Reading:
+    """A ``Reading`` from a ``memory_stats_as_nested_dict()`` answer (no flattening) and the
+    allocator's ``(backend, expandable segments)``."""
+
+    def current(family: str, field: str = "current") -> int | None:
+        node = nested.get(family)
+        value = node.get("all", {}).get(field) if isinstance(node, Mapping) else None
+        return int(value) if value is not None else None
+
+    figures = {
+        f"{family}.all.current": value
+        for family in ("allocated_bytes", "inactive_split_bytes", "reserved_bytes")
+        if (value := current(family)) is not None
+    }
+    used = figures.get("allocated_bytes.all.current", 0)
+    held = committed(figures, *layout)
+    return Reading(used, current("allocated_bytes", "peak") or 0, used if held is None else held)

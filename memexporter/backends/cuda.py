@@ -16,13 +16,14 @@ only its own figure and is logged once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.cuda
 
-from memexporter.backends.base import ALLOCATOR_NATIVE, CUDA, LogOnce, device_label
+from memexporter.backends.base import ALLOCATOR_NATIVE, CUDA, LogOnce, Reading, device_label, expandable_in, reading_of
 
 
 def process_group() -> tuple[int, int] | None:
@@ -59,6 +60,7 @@ class TorchBackend:
 
     def __init__(self) -> None:
         self._log = LogOnce()
+        self._layout_cache: tuple[str, bool] | None = None
 
     def label(self, index: int) -> str:
         """``cuda:N``, on NVIDIA and ROCm alike (torch's own name for the device)."""
@@ -76,6 +78,7 @@ class TorchBackend:
         """
         if not _initialized():
             return {}
+        self._layout_cache = None  # read again at the next step: a scrape, or every 50 steps
         out: dict[int, Mapping[str, int]] = {}
         for index in range(torch.cuda.device_count()):
             try:
@@ -116,18 +119,45 @@ class TorchBackend:
             )
             return ALLOCATOR_NATIVE
 
-    def allocated(self, index: int) -> tuple[int, int]:
-        """``(allocated_bytes.all.current, allocated_bytes.all.peak)`` for the step tracker.
+    def expandable_segments(self) -> bool:
+        """Whether the allocator maps expandable segments (``expandable_segments:True``).
 
-        Runs on the training thread several times a step, so it takes the nested dict that
-        ``memory_stats()`` would flatten and sort (~150 keys) and reads the two numbers it needs.
-        Raises what torch raises (the tracker counts it); only devices from ``devices_in_use()``
-        are asked.
+        The allocator's own settings where torch answers them
+        (``torch._C._accelerator_getAllocatorSettings()``, which also sees
+        ``torch.cuda.memory._set_allocator_settings``), else the environment it reads at start-up:
+        ``PYTORCH_ALLOC_CONF``, ``PYTORCH_CUDA_ALLOC_CONF``, ``PYTORCH_HIP_ALLOC_CONF``.
+        """
+        getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+        settings = self._log.read(
+            "settings",
+            lambda: str(getter()) if getter is not None else None,
+            None,
+            "memexporter: torch._C._accelerator_getAllocatorSettings() failed (%s); reading the environment",
+        )
+        if settings is None:
+            names = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+            settings = ",".join(os.environ.get(n, "") for n in names)
+        return expandable_in(settings)
+
+    def reading(self, index: int) -> Reading:
+        """``used`` (``allocated_bytes.all.current``), its ``.peak`` and the committed bytes, for the
+        step tracker, from one ``memory_stats_as_nested_dict`` call.
+
+        Runs on the training thread, so it takes the nested dict that ``memory_stats()`` would
+        flatten and sort (~150 keys) and reads the figures it needs. Raises what torch raises (the
+        tracker counts it); only devices from ``devices_in_use()`` are asked.
         """
         if not _initialized():
-            return 0, 0
-        alloc = torch.cuda.memory_stats_as_nested_dict(index).get("allocated_bytes", {}).get("all", {})
-        return int(alloc.get("current", 0)), int(alloc.get("peak", 0))
+            return Reading(0, 0, 0)
+        nested = torch.cuda.memory_stats_as_nested_dict(index)
+        return reading_of(nested, self._layout())
+
+    def _layout(self) -> tuple[str, bool]:
+        # The backend and the segments setting, read once: both are fixed when the allocator starts
+        # (the getter answers the same string every time), and reading() runs on every step.
+        if self._layout_cache is None:
+            self._layout_cache = (self.allocator_backend(), self.expandable_segments())
+        return self._layout_cache
 
     def uuid(self, index: int) -> str | None:
         """The device UUID as torch spells it: bare hex for a GPU and for a MIG slice alike.

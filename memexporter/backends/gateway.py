@@ -12,7 +12,9 @@ A driver backend (``nvml.py``, ``amdsmi.py``) reaches its library through a ``Dr
 
 Devices are looked up once per torch UUID and cached, "no such device" included; a lookup that
 raised (a driver error, not an answer) is tried again at the next scrape. ``own_share`` reads this
-process's lines of a driver's process list, one judgement for every vendor.
+process's lines of a driver's process list, one judgement for every vendor. ``query_newer`` asks a
+newer call where the driver and its binding have it and the older one where they do not (NVML's
+v2 memory info, say), deciding once per key and saying so once.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class DriverLibrary(Generic[D]):
         self._lib: ModuleType | None = None
         self._tried = False
         self._devices: dict[str, D | None] = {}  # torch's UUID -> the library's device, or None: not there
+        self._older: set[str] = set()  # query_newer keys whose newer call the library lacks
         self._log = LogOnce()
 
     def library(self) -> ModuleType | None:
@@ -71,6 +74,41 @@ class DriverLibrary(Generic[D]):
         except Exception as exc:
             self._log.warning(key, "memexporter: %s cannot %s (%s)%s", self.name, what, exc, costs)
             return None
+
+    def query_newer(
+        self,
+        key: str,
+        what: str,
+        newer: Callable[[ModuleType], T],
+        older: Callable[[ModuleType], T],
+        lacks: Callable[[ModuleType, Exception], bool],
+        instead: str,
+    ) -> T | None:
+        """``newer(library)`` where the library has that call, else ``older(library)``; ``None`` as
+        ``query`` answers it. ``lacks(library, error)`` tells an error that means the newer call is
+        not there (an older driver or binding) from one that means this read failed. The first
+        makes ``key`` use ``older`` from then on, said once at info level (an older driver is not
+        a fault): "<name> <instead> (<error>)". The second costs this read only, as in ``query``:
+        ``None``, a warning the first time, and ``newer`` is asked again next time, never
+        ``older``, so a figure does not change meaning between two reads."""
+        lib = self.library()
+        if lib is None:
+            return None
+        with self._lock:
+            use_older = key in self._older
+        if not use_older:
+            try:
+                return newer(lib)
+            except Exception as exc:
+                if not lacks(lib, exc):
+                    self._log.warning(key, "memexporter: %s cannot %s (%s)", self.name, what, exc)
+                    return None
+                with self._lock:
+                    first = key not in self._older  # two scrapes at once: said once all the same
+                    self._older.add(key)
+                if first:
+                    log.info("memexporter: %s %s (%s)", self.name, instead, exc)
+        return self.query(key, what, older)
 
     def device(self, uuid: str, find: Callable[[ModuleType], D | None], unmatched: str) -> D | None:
         """The device torch calls ``uuid``: ``find(library)``'s answer, looked up once and cached.

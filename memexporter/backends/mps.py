@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import torch
 
-from memexporter.backends.base import ALLOCATOR_NATIVE, MPS, LogOnce, device_label
+from memexporter.backends.base import ALLOCATOR_NATIVE, MPS, LogOnce, Reading, device_label
 
 MEASURED = ("allocated_bytes.all.", "reserved_bytes.all.")  # the statistics MPS keeps
 
@@ -74,12 +74,18 @@ class MpsBackend:
     def allocator_backend(self) -> str:
         return ALLOCATOR_NATIVE
 
-    def allocated(self, index: int) -> tuple[int, int]:
-        """``(allocated_bytes.all.current, .peak)`` for the step tracker; raises what torch raises."""
+    def expandable_segments(self) -> bool:
+        """MPS's heaps are no caching-allocator segments."""
+        return False
+
+    def reading(self, index: int) -> Reading:
+        """``used`` (allocated), its peak and the committed bytes (allocated: MPS reports no split
+        blocks) for the step tracker; raises what torch raises."""
         if not self._initialized():
-            return 0, 0
+            return Reading(0, 0, 0)
         stats = torch.accelerator.memory_stats(0)
-        return int(stats.get("allocated_bytes.all.current", 0)), int(stats.get("allocated_bytes.all.peak", 0))
+        used = int(stats.get("allocated_bytes.all.current", 0))
+        return Reading(used, int(stats.get("allocated_bytes.all.peak", 0)), used)
 
     def uuid(self, index: int) -> str | None:
         return None  # Metal exposes no device UUID to torch; no driver library joins on one

@@ -10,6 +10,11 @@ matched by UUID, never by index.
 torch spells a UUID as bare hex; NVML prefixes ``GPU-`` for a GPU and ``MIG-`` for a MIG slice.
 Both spellings are tried, then NVML's own list (MIG slices included) is searched for the hex.
 What a device is (UUID, name, PCI bus id, MIG parent) is looked up once; its memory every scrape.
+
+Memory is NVML's v2 answer (``nvmlDeviceGetMemoryInfo_v2``, what ``nvidia-smi`` shows): ``used``
+without the driver's own reservation, which comes apart as ``reserved`` (615 MiB on an H200). v1's
+``used`` counts the reservation, so an idle GPU reads hundreds of MiB used. ``total`` and ``free`` are
+the same in both. A driver or nvidia-ml-py without v2 gets v1, said once, and no reserved figure.
 """
 
 from __future__ import annotations
@@ -72,12 +77,17 @@ class NvmlBackend:
         device = self._device(uuid)
         if device is None:
             return None
-        info = self._nvml.query(
+        name = device.identity.uuid
+        sizes = self._nvml.query_newer(
             f"memory:{uuid}",
-            f"read the memory of {device.identity.uuid}",
-            lambda nvml: nvml.nvmlDeviceGetMemoryInfo(device.handle),
+            f"read the memory of {name}",
+            lambda nvml: _memory_v2(nvml, device.handle),
+            lambda nvml: _memory_v1(nvml, device.handle),
+            _lacks_v2,
+            f"gives no v2 memory info for {name}: memexporter_device_used_bytes is v1's, which counts "
+            "the driver's reservation, and there is no memexporter_device_reserved_bytes",
         )
-        return None if info is None else device.identity.with_memory(int(info.total), int(info.used), int(info.free))
+        return None if sizes is None else device.identity.with_memory(*sizes)
 
     def process_memory(self, uuid: str, pid: int) -> ProcessMemory | None:
         """Process ``pid``'s memory on the device torch calls ``uuid``; ``None`` without NVML or
@@ -160,6 +170,34 @@ class NvmlBackend:
             f"pci:{uuid}", f"give the PCI bus id of {uuid}", lambda n: _text(n.nvmlDeviceGetPciInfo(gpu).busId)
         )
         return DeviceIdentity(uuid, name, pci or "", gpu_uuid, instance)
+
+
+def _memory_v2(nvml: ModuleType, handle: Any) -> tuple[int, int, int, int | None]:
+    """``(total, used, free, reserved)`` from ``nvmlDeviceGetMemoryInfo_v2`` (``c_nvmlMemory_v2_t``):
+    ``used`` without the driver's reservation, ``total = used + reserved + free``."""
+    info = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+    return int(info.total), int(info.used), int(info.free), int(info.reserved)
+
+
+def _memory_v1(nvml: ModuleType, handle: Any) -> tuple[int, int, int, int | None]:
+    """``(total, used, free, None)`` from ``nvmlDeviceGetMemoryInfo`` (``c_nvmlMemory_t``): ``used``
+    counts the driver's reservation, which v1 does not report apart."""
+    info = nvml.nvmlDeviceGetMemoryInfo(handle)
+    return int(info.total), int(info.used), int(info.free), None
+
+
+def _lacks_v2(nvml: ModuleType, exc: Exception) -> bool:
+    """Whether ``exc`` says that this driver or binding has no v2 memory info (not that a read failed).
+
+    An nvidia-ml-py without it has no ``nvmlMemory_v2`` (AttributeError) and takes no ``version``
+    (TypeError); a driver without the symbol (before R510) raises FUNCTION_NOT_FOUND from the
+    binding's function lookup; one that cannot answer it for this device NOT_SUPPORTED; one that
+    knows the call but not this struct version ARGUMENT_VERSION_MISMATCH.
+    """
+    if isinstance(exc, AttributeError | TypeError):
+        return True
+    names = ("NVMLError_FunctionNotFound", "NVMLError_NotSupported", "NVMLError_ArgumentVersionMismatch")
+    return isinstance(exc, tuple(getattr(nvml, n) for n in names if hasattr(nvml, n)))
 
 
 def _mig_parent(nvml: ModuleType, handle: Any, uuid: str) -> tuple[Any, str, str]:

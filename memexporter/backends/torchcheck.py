@@ -5,9 +5,12 @@ of torch with PyPI's. So the minimum is stated here (and in the README's quick s
 memexporter first needs torch: ``start()``, ``track()`` and the ``demo``/``run`` commands.
 ``import memexporter``, ``memexporter rules`` and ``memexporter dashboards`` need no torch at all.
 
-Why 2.1: the module hooks use ``register_forward_hook(..., always_call=True)`` so that a forward
-that raises still closes its record, and the step tracker uses the global
-``torch.optim.optimizer.register_optimizer_step_post_hook``; both are 2.1 APIs.
+Why 2.8: the per-module activation count pushes its saved-tensor hooks around the one they shadow,
+read with ``torch._C._autograd._top_saved_tensors_default_hooks`` (``tracking/saved.py``), which
+torch 2.8 added (it is not in 2.7.1's libtorch_python.so): memexporter's tracking does not import on
+an older torch. The module hooks' ``always_call=True`` and the global optimizer step hook are 2.1 APIs.
+``scripts/test.sh`` runs the tests on this release (``scripts/torch_versions.py``), beside 2.11 and the
+newest; until 2026-11 the minimum said 2.1, which no test ran.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import importlib.util
 import re
 from importlib import metadata
 
-MIN_TORCH = (2, 1)
+MIN_TORCH = (2, 8)
 _INSTALL = (
     "install a newer torch the way you installed this one (a CUDA build: "
     "https://pytorch.org/get-started/locally/; CPU only: pip install torch --index-url "
@@ -26,9 +29,12 @@ _INSTALL = (
 
 
 def installed_version() -> str | None:
-    """The installed torch's version string (``"2.13.0+cpu"``), or None when torch is not installed.
+    """The installed torch's version string, or None when torch is not installed.
 
-    Read from the package metadata; only a torch without metadata (a source tree on PYTHONPATH) is
+    Read from the package metadata, which names the release as its wheel was published:
+    ``"2.13.0+cpu"`` from PyTorch's CPU index, but ``"2.11.0"`` from PyPI's CUDA wheel, whose
+    ``torch.__version__`` says ``"2.11.0+cu130"`` (PyPI takes no local version tags). Either is
+    enough for the minimum's check; only a torch without metadata (a source tree on PYTHONPATH) is
     imported to ask it, and callers are about to import torch anyway."""
     try:
         return metadata.version("torch")

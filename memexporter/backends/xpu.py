@@ -23,7 +23,16 @@ from typing import Any
 import torch
 import torch.xpu
 
-from memexporter.backends.base import ALLOCATOR_NATIVE, XPU, DeviceMemory, LogOnce, ProcessMemory, device_label
+from memexporter.backends.base import (
+    ALLOCATOR_NATIVE,
+    XPU,
+    DeviceMemory,
+    LogOnce,
+    ProcessMemory,
+    Reading,
+    device_label,
+    reading_of,
+)
 
 
 def _initialized() -> bool:
@@ -73,13 +82,17 @@ class XpuBackend:
         """XPU has one caching allocator (a custom ``XPUPluggableAllocator`` aside): ``native``."""
         return ALLOCATOR_NATIVE
 
-    def allocated(self, index: int) -> tuple[int, int]:
-        """``(allocated_bytes.all.current, .peak)`` from the nested dict (no flattening), for the
-        step tracker. Raises what torch raises (the tracker counts it)."""
+    def expandable_segments(self) -> bool:
+        """XPU's caching allocator has no expandable segments."""
+        return False
+
+    def reading(self, index: int) -> Reading:
+        """``used``, its peak and the committed bytes (``base.committed``: allocated plus the
+        inactive split bytes that torch 2.11 and later report) from the nested dict (no
+        flattening), for the step tracker. Raises what torch raises (the tracker counts it)."""
         if not _initialized():
-            return 0, 0
-        alloc = torch.xpu.memory_stats_as_nested_dict(index).get("allocated_bytes", {}).get("all", {})
-        return int(alloc.get("current", 0)), int(alloc.get("peak", 0))
+            return Reading(0, 0, 0)
+        return reading_of(torch.xpu.memory_stats_as_nested_dict(index), (ALLOCATOR_NATIVE, False))
 
     def uuid(self, index: int) -> str | None:
         """``get_device_properties(index).uuid`` as hex; ``None`` where torch has none (before 2.9)."""

@@ -11,27 +11,23 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
-import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
 from memexporter._version import __version__
+from memexporter.config.logs import configure_for_command
+from memexporter.config.values import LOG_LEVELS, log_level
+
+LOG_LEVEL_ENV = "MEMEXPORTER_LOG_LEVEL"
 
 
-def _configure_logging(level: str) -> None:
-    """Configure memexporter's own logger only: the user's script owns the root logger, and its
-    own ``logging.basicConfig()`` must still take effect under ``memexporter run``."""
-    logger = logging.getLogger("memexporter")
-    for old in [h for h in logger.handlers if getattr(h, "_memexporter_cli", False)]:
-        logger.removeHandler(old)  # main() called again in one process (tests): one handler, not two
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    handler._memexporter_cli = True  # type: ignore[attr-defined]
-    logger.addHandler(handler)
-    logger.setLevel(level.upper())
-    logger.propagate = False
+def _level(option: str | None) -> str:
+    """The level of memexporter's messages: ``--log-level``, else ``MEMEXPORTER_LOG_LEVEL``, else INFO.
+    A bad variable raises ``ValueError`` naming it (``main`` says it in one line)."""
+    return option or log_level(LOG_LEVEL_ENV, os.environ.get(LOG_LEVEL_ENV)) or "INFO"
 
 
 @dataclass(frozen=True)
@@ -88,10 +84,10 @@ def _top_level() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"memexporter {__version__}")
     parser.add_argument(
         "--log-level",
-        default="INFO",
+        default=None,  # then MEMEXPORTER_LOG_LEVEL, then INFO (_level)
         type=str.upper,
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="level of memexporter's own messages (default: INFO)",
+        choices=LOG_LEVELS,
+        help=f"level of memexporter's own messages (default: {LOG_LEVEL_ENV}, else INFO)",
     )
     return parser
 
@@ -135,11 +131,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments (``sys.argv`` by default). Returns the exit status: the subcommand's, 2 for a usage
     mistake or a missing torch (argparse exits 2 itself for most usage mistakes)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _level(None)  # a bad MEMEXPORTER_LOG_LEVEL: one line, before anything runs
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     at = _command_at(argv)
     first = COMMANDS.get(argv[at]) if at is not None else None
     if at is not None and first is not None and first.kind == "own":  # its own parser: the arguments as given
-        if at:  # top-level options before it (--log-level debug)
-            _configure_logging(_parser().parse_args([*argv[: at + 1], "--"]).log_level)
+        # Top-level options before it (--log-level debug), read by the top-level parser.
+        option = _parser().parse_args([*argv[: at + 1], "--"]).log_level if at else None
+        configure_for_command(_level(option))
         return _call(argv[at], lambda module: module.main(argv[at + 1 :]))
     if first is not None and first.needs_torch:
         from memexporter.backends.torchcheck import require_torch
@@ -154,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = COMMANDS[args.command]
     if rest and command.kind != "rest":
         _unrecognized(parser, args, rest)
-    _configure_logging(args.log_level)
+    args.log_level = _level(args.log_level)  # `memexporter run` passes it on to start()
+    configure_for_command(args.log_level)
     if command.kind == "rest":
         return _call(args.command, lambda module: module.main(rest))
     return _call(args.command, lambda module: module.run(args))

@@ -45,6 +45,7 @@ def render(doc: dict[str, Any], top: int, dump: str | None = None) -> str:
         lines[0] += f", written {when} to {os.path.basename(dump)}"
         if doc.get("reason"):
             lines.append(f"why: {doc['reason']}")
+    lines += [f"advice: {a['text']}" for a in doc.get("advice", [])]
     ago = "before the dump" if dump is not None else "ago"
     if census is None:
         lines.append(
@@ -95,12 +96,15 @@ def render(doc: dict[str, Any], top: int, dump: str | None = None) -> str:
     if oom and "error" not in oom:
         lines += ["", "OOM view"]
         lines += table(
-            ["device", "used", "limit", "use", "leak/step", "leak/s", "OOM ETA"],
+            ["device", "used", "committed", "limit", "full", "leak/step", "leak/s", "OOM ETA"],
             [
                 [
                     d,
                     fmt_bytes(v["used_bytes"]),
-                    fmt_bytes(v["limit_bytes"]) if v["limit_bytes"] is not None else "unknown",
+                    fmt_bytes(v.get("committed_bytes", v["used_bytes"])),
+                    fmt_bytes(v["limit_bytes"]) + (f" ({v['limit_source']})" if v.get("limit_source") else "")
+                    if v["limit_bytes"] is not None
+                    else "unknown",
                     f"{100 * v['utilisation']:.1f}%" if v["utilisation"] is not None else "-",
                     fmt_bytes(v["leak_bytes_per_step"]),
                     fmt_bytes(v["leak_bytes_per_second"]) + "/s",

@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_knob_options(p: argparse.ArgumentParser) -> None:
     for knob in KNOBS:
+        if knob.name == "log_level":  # the top-level --log-level: memexporter --log-level debug run ...
+            continue
         flag = "--" + knob.name.replace("_", "-")
         # argparse formats help with %: escape the docs' own.
         if knob.boolean:  # --strict / --no-strict; unset: the environment, then the default

@@ -102,8 +102,10 @@ def rows(board: Board) -> list[tuple[tuple[float, float], list[str], int]]:
         if doc is None:
             continue
         for dev in doc["devices"]:
-            used, limit = dev.get("memory_used_bytes") or 0.0, dev.get("memory_limit_bytes")
-            share = used / limit if limit else 0.0
+            # What fills the limit: committed (an exporter from before it: used).
+            held = dev.get("memory_committed_bytes", dev.get("memory_used_bytes")) or 0.0
+            limit = dev.get("memory_limit_bytes")
+            share = held / limit if limit else 0.0
             eta = dev.get("oom_eta_seconds")
             key = (eta if eta is not None else math.inf, -share)  # soonest OOM first, then the fullest
             bar = "#" * round(share * 20)
@@ -133,7 +135,7 @@ def render(board: Board) -> Any:
     from rich.text import Text
 
     table = Table(title=f"memexporter top: {len(board.ranks)} target(s) · q quits, up/down selects", expand=True)
-    for name in ("rank", "device", "used of the limit", "step peak", "baseline", "leak", "OOM in"):
+    for name in ("rank", "device", "committed of the limit", "step peak", "baseline", "leak", "OOM in"):
         table.add_column(name)
     with board.lock:
         listed = rows(board)

@@ -1,4 +1,4 @@
-"""The OOM view, the same for every device: ``used`` and ``limit`` (computed in ``Scrape.views``).
+"""The OOM view, the same for every device: ``used``, ``committed`` and ``limit`` (computed in ``Scrape.views``).
 
 A device whose reading failed (the process RSS, CUDA's ``memory_stats()``) has no view: the
 others are still exported, and the collector reports the failure (``collector_success`` 0)
@@ -16,7 +16,7 @@ from memexporter.metrics import families
 
 
 class MemoryCollector:
-    """``memexporter_memory_used_bytes`` and ``memexporter_memory_limit_bytes`` per device, from ``Scrape.views``."""
+    """``memexporter_memory_{used,committed,limit}_bytes`` per device, from ``Scrape.views``."""
 
     name = "memory"
 
@@ -26,6 +26,7 @@ class MemoryCollector:
         out = families(
             {
                 "memexporter_memory_used_bytes": [((rank, d), v.used) for d, v in views.items()],
+                "memexporter_memory_committed_bytes": [((rank, d), v.held) for d, v in views.items()],
                 # An unknown limit (no free figure, no cap) is no series rather than a made-up one.
                 "memexporter_memory_limit_bytes": [
                     ((rank, d), v.limit) for d, v in views.items() if v.limit is not None

@@ -28,6 +28,7 @@ from memexporter.backends.base import (
     HostSample,
     HostSource,
     ProcessMemory,
+    committed,
 )
 from memexporter.config import Config
 from memexporter.oom.view import MemoryView, device_limit, host_view, with_budget
@@ -124,6 +125,11 @@ class Scrape:
         return self.sources.allocator.allocator_backend()
 
     @cached_property
+    def expandable_segments(self) -> bool:
+        """Whether the allocator maps expandable segments (``expandable_segments:True``)."""
+        return self.sources.allocator.expandable_segments()
+
+    @cached_property
     def uuids(self) -> dict[int, str | None]:
         """Each device's UUID (torch's spelling), read once a scrape: the driver is asked by it."""
         return {i: self.sources.allocator.uuid(i) for i in self.devices}
@@ -170,13 +176,15 @@ class Scrape:
             used = stats.get("allocated_bytes.all.current")
             if used is None:  # the allocator cannot say (a pluggable allocator): no device view
                 continue
-            views[self.label(i)] = MemoryView(used=float(used), limit=self._device_limit(i, stats))
+            held = committed(stats, self.allocator_backend, self.expandable_segments)
+            limit, source = self._device_limit(i, stats)
+            views[self.label(i)] = MemoryView(float(used), limit, None if held is None else float(held), source)
         # The budget applies to the devices the job trains on: the accelerator when it is in use
         # (even where its view is unknown, under a pluggable allocator), else cpu.
         targets = [self.label(i) for i in stats_of] or ["cpu"]
         return with_budget(views, targets, self.sources.config.memory_limit_bytes)
 
-    def _device_limit(self, index: int, stats: Mapping[str, int]) -> float | None:
+    def _device_limit(self, index: int, stats: Mapping[str, int]) -> tuple[float | None, str]:
         """``oom.view.device_limit`` of this device: the driver's free figure, else the allocator's."""
         allocator = self.sources.allocator
         driver = self.driver.get(index)

@@ -217,3 +217,19 @@ def label_value(name: str, value: object) -> str:
     if len(text) > 128 or not text.isprintable():
         raise ValueError(f"memexporter: {name} must be printable text of at most 128 characters, got {value!r}")
     return text
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+"""The levels of memexporter's own messages: the commands' ``--log-level`` and ``log_level``."""
+
+
+def log_level(name: str, value: object) -> str | None:
+    """One of ``LOG_LEVELS``, in any case (``debug``, ``Warning``), or None when unset."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"memexporter: {name} must be a str, got {value!r} ({type(value).__name__})")
+    if value.strip().upper() not in LOG_LEVELS:
+        choices = ", ".join(level.lower() for level in LOG_LEVELS)
+        raise ValueError(f"memexporter: {name} must be one of {choices}, got {value!r}")
+    return value.strip().upper()

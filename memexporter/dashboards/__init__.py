@@ -3,6 +3,8 @@
 - ``scope``: what every query selects (the run and the ranks, through ``memexporter_run_info``, once);
 - ``variables``: the data source, job, run, instance, rank and Top K variables;
 - ``overview`` and ``panels``: the panel tables of each dashboard (title, type, unit, description, queries);
+  the Overview's in three parts: ``overview_run`` (its top), ``overview_memory`` and ``overview_process``
+  (its ranks row);
 - ``annotations``: the Overview's annotation queries (firing alerts, a probable fatal OOM, out-of-step phases);
 - ``grafana``: their rendering into Grafana's classic JSON model (layout, rows, variables, annotations);
 - ``queries``: ``panel_queries()``, every query with the variables filled in as Grafana would (benchmarks);

@@ -42,7 +42,6 @@ class Panel:
     instant: bool = False
     thresholds: tuple[tuple[str, float | None], ...] = (("green", None),)
     run_wide: bool = False  # reads the whole run: $instance and $rank do not apply
-    no_value: str = ""  # what the panel says when its queries return nothing (Grafana's "No data")
 
 
 @dataclass(frozen=True)
@@ -124,8 +123,6 @@ def _panel(pid: int, p: Panel, pos: JSON) -> JSON:
         "unit": p.unit,
         "thresholds": {"mode": "absolute", "steps": [{"color": c, "value": v} for c, v in p.thresholds]},
     }
-    if p.no_value:
-        defaults["noValue"] = p.no_value
     if p.kind == "timeseries":
         defaults["custom"] = {
             "fillOpacity": 30 if p.stack else 10,

@@ -2,7 +2,8 @@
 
 Every query selects the run and the ranks once, through ``memexporter_run_info`` (``scope.py``), and
 returns at most Top K series per rank-level panel, so that a 1,024-rank run costs what an 8-rank one
-does. The Overview's tables are in ``overview.py``; ``grafana.py`` turns the tables into Grafana's JSON.
+does. The Overview's tables are in ``overview.py`` (and the three parts it puts together); ``grafana.py``
+turns the tables into Grafana's JSON.
 """
 
 from __future__ import annotations

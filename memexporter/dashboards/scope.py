@@ -37,6 +37,11 @@ def m(name: str) -> str:
     return f"memexporter_{name}{{{JOB}}}"
 
 
+COMMITTED_PEAK = f"({m('memory_committed_peak_bytes')} or {m('memory_peak_bytes')})"
+"""The level every OOM gate reads: the committed step peak, or the step peak of an exporter from
+before it (as the rules' level record)."""
+
+
 def info(detail: bool = False) -> str:
     """The ``memexporter_run_info`` series of the selected run and ranks (only the detail ranks)."""
     return f"{INFO}{{{RANKS}{', ' + DETAIL if detail else ''}}}"
@@ -70,7 +75,7 @@ def at_end(expr: str) -> str:
 def worst(k: str = "$topk", pinned: bool = False) -> str:
     """The ``k`` (rank, device) pairs of the selection whose step peak is closest to their limit
     (at each step; ``pinned``: at the end of the range, the same ``k`` over the whole range)."""
-    expr = f"topk({k}, {scoped(m('memory_peak_bytes'))} / {m('memory_limit_bytes')})"
+    expr = f"topk({k}, {scoped(COMMITTED_PEAK)} / {m('memory_limit_bytes')})"
     return at_end(expr) if pinned else expr
 
 

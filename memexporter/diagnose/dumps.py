@@ -31,9 +31,12 @@ import os
 import pickle
 from typing import Any, Protocol
 
+from memexporter.collectors.scrape import Scrape, Sources
 from memexporter.diagnose.engine import WATCH_INTERVAL_S, Diagnosis
 from memexporter.diagnose.report import document, oom_view
 from memexporter.diagnose.writer import DumpWriter, clean_stale, write_atomic
+from memexporter.oom.advice import MIN_SHARE, REMEDY, applies
+from memexporter.oom.view import describe_full
 from memexporter.units import fmt_bytes
 
 __all__ = ["AllocatorSource", "CudaHooks", "Premortem", "premortem_reason", "write_atomic"]
@@ -65,8 +68,9 @@ def premortem_reason(view: dict[str, dict[str, Any]]) -> str | None:
             return f"{device}: OOM ETA {eta:.0f} s (< {PREMORTEM_ETA_S:.0f} s)"
         if util is not None and util > PREMORTEM_UTILISATION:
             return (
-                f"{device}: {100 * util:.1f} % of the limit in use ({fmt_bytes(v['used_bytes'])} of "
-                f"{fmt_bytes(v['limit_bytes'])})"
+                f"{device}: {100 * util:.1f} % of the limit committed ({fmt_bytes(v['committed_bytes'])} of "
+                f"{fmt_bytes(v['limit_bytes'])}"
+                + (f", {fmt_bytes(v['used_bytes'])} allocated)" if device != "cpu" else ")")
             )
     return None
 
@@ -146,6 +150,29 @@ class Premortem:
             self._busy = False
 
 
+def what_ran_out(sources: Sources, device: int, asked: int, device_free: int) -> str:
+    """``asked 20.0 MiB: the 6.00 GiB limit (memory fraction 0.043) of cuda:0 is full: 4.80 GiB
+    allocated, 1.20 GiB stranded in partly used segments (6.00 GiB reserved)``, and the remedy when
+    it applies. From a scrape's reading (the OOM observer runs after the allocator let go of its
+    lock); the driver's free figure only if that reading fails: under a memory fraction the device
+    can have 130 GiB free while the job's limit is full."""
+    label = f"cuda:{device}"
+    try:
+        scrape = Scrape(sources)
+        view = scrape.views[label]
+        reserved = scrape.allocator_stats.get(device, {}).get("reserved_bytes.all.current")
+        text = f"asked {fmt_bytes(asked)}: {describe_full(view, label, asked, reserved)}"
+        if (
+            view.limit
+            and view.stranded > MIN_SHARE * view.limit
+            and applies(label, scrape.allocator_backend, scrape.expandable_segments)
+        ):
+            text += f"; {REMEDY} would likely recover the stranded {fmt_bytes(view.stranded)}"
+        return text
+    except Exception:  # the message must not cost the dump
+        return f"asked {fmt_bytes(asked)} on {label}, {fmt_bytes(device_free)} free on the device (the driver's figure)"
+
+
 class AllocatorSource(Protocol):
     """What this module needs from ``backends.cuda.TorchBackend``."""
 
@@ -198,14 +225,11 @@ class CudaHooks:
             )
             snapshot = self.backend.memory_snapshot()
             doc = document(self.diagnosis, top=1000)
-            doc["reason"] = (
-                f"cuda:{device}: out of memory asking for {asked} bytes ({device_free} free of {device_limit})"
-            )
+            doc["reason"] = what = f"CUDA OOM: {what_ran_out(self.diagnosis.sources, device, asked, device_free)}"
             files = [(stem + ".json", json.dumps(doc, allow_nan=False, indent=1).encode())]
             if snapshot is not None:
                 files.insert(0, (stem + ".pickle", pickle.dumps(snapshot, protocol=4)))
             self.dumps.append(stem)
-            what = f"CUDA OOM on cuda:{device} (asked {fmt_bytes(asked)}, {fmt_bytes(device_free)} free)"
             for path, data in files:
                 self.diagnosis.writer.submit(path, data, functools.partial(self._written, what))
             # Unlike the pre-mortem (written while training is healthy), the OOM dump is waited

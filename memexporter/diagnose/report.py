@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from memexporter.collectors.scrape import Scrape, Sources
 from memexporter.diagnose.findings import Findings, to_json
+from memexporter.oom.advice import Advice, advise
 from memexporter.oom.trend import TrendEstimate, estimate
 
 DEFAULT_TOP = 50
@@ -32,9 +33,24 @@ def estimates(sources: Sources, limits: dict[str, float] | None = None) -> dict[
     return {d: estimate(points, (limits or {}).get(d)) for d, points in snap.devices.items()}
 
 
+def advice(sources: Sources) -> list[Advice]:
+    """What memory could be got back now, per device (``oom.advice``): from one scrape's reading."""
+    if sources.steps is None:
+        return []
+    scrape = Scrape(sources)
+    views, snap = scrape.views, sources.steps.snapshot()
+    found = (
+        advise(d, points, views[d], scrape.allocator_backend, scrape.expandable_segments)
+        for d, points in snap.devices.items()
+        if d in views
+    )
+    return [a for a in found if a is not None]
+
+
 def oom_view(sources: Sources) -> dict[str, dict[str, Any]]:
-    """Per device: used, limit (null: unknown), utilisation, leak rates, OOM ETA (null: not growing or
-    no limit), peak, baseline."""
+    """Per device: used (allocated), committed (what fills the limit) and what of it is stranded, the
+    limit (null: unknown) and what sets it, utilisation (committed / limit), leak rates, OOM ETA
+    (null: not growing or no limit), peak, committed peak, baseline."""
     views = Scrape(sources).views
     ests = estimates(sources, {d: v.limit for d, v in views.items() if v.limit is not None})
     out: dict[str, dict[str, Any]] = {}
@@ -42,12 +58,16 @@ def oom_view(sources: Sources) -> dict[str, dict[str, Any]]:
         est = ests.get(device)
         out[device] = {
             "used_bytes": view.used,
+            "committed_bytes": view.held,
+            "stranded_bytes": view.stranded,
             "limit_bytes": view.limit,
-            "utilisation": view.used / view.limit if view.limit else None,  # None: limit unknown
+            "limit_source": view.source,
+            "utilisation": view.fullness,  # committed / limit; None: limit unknown
             "leak_bytes_per_step": est.leak_bytes_per_step if est else 0.0,
             "leak_bytes_per_second": est.leak_bytes_per_second if est else 0.0,
             "oom_eta_seconds": _finite(est.oom_eta_seconds) if est else None,
             "peak_bytes": est.peak_bytes if est else None,
+            "committed_peak_bytes": est.committed_peak_bytes if est else None,
             "baseline_bytes": est.baseline_bytes if est else None,
         }
     return out
@@ -85,6 +105,10 @@ def document(diagnosis: Published, top: int = DEFAULT_TOP) -> dict[str, Any]:
         doc["census"]["age_seconds"] = max(0.0, time.time() - findings.census.unix_time)
     try:
         doc["oom"] = oom_view(sources)
+        doc["advice"] = [
+            {"device": a.device, "recoverable_bytes": a.recoverable_bytes, "text": a.describe()}
+            for a in advice(sources)
+        ]
     except Exception as exc:  # the census part is still worth serving
         doc["oom"] = {"error": f"{type(exc).__name__}: {exc}"}
     return doc

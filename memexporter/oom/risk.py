@@ -4,9 +4,11 @@ It reads the scrape side (the OOM view) and runs on the training side: it sits b
 beside the OOM view, not under ``tracking/`` (which never imports the scrape side).
 
 The judgement is the critical alert's (``MemexporterOOMImminent``, with its default thresholds from
-``rules/params.py``): the recent step peak, or the last out-of-step phase's peak (an evaluation),
-fills more than ``full_utilisation`` of the limit ("headroom"); or it fills more than
-``min_utilisation`` and the in-process ETA is within ``horizon_s`` ("forecast").
+``rules/params.py``): the recent committed step peak, or the last out-of-step phase's peak (an
+evaluation) plus what is stranded now, fills more than ``full_utilisation`` of the limit
+("headroom"); or it fills more than ``min_utilisation`` and the in-process ETA is within
+``horizon_s`` ("forecast"). Committed, not allocated: under the native allocator the limit is met
+by segments, and an H200 job died with 79 % of its limit allocated (``backends.base.committed``).
 
 Who does what: a daemon thread judges once every ``CHECK_INTERVAL_S`` from the same figures a scrape
 reads (the step tracker's windows, the limit of each device); the training thread, at its next step
@@ -38,9 +40,10 @@ _DEFAULTS = RulesConfig()
 
 @dataclass(frozen=True)
 class OomRisk:
-    """Why ``on_oom_risk`` called: bytes of ``device``, ETA in seconds (``math.inf``: not growing),
-    ``reason`` ``"headroom"`` or ``"forecast"``, ``phase`` whose peak it was (``"step"``: the
-    training steps'), and the step count when judged."""
+    """Why ``on_oom_risk`` called: bytes of ``device`` (``used``: allocated; ``peak``: the committed
+    peak compared with the limit; ``committed``: what fills the limit now), ETA in seconds
+    (``math.inf``: not growing), ``reason`` ``"headroom"`` or ``"forecast"``, ``phase`` whose peak
+    it was (``"step"``: the training steps'), and the step count when judged."""
 
     device: str
     used_bytes: float
@@ -50,13 +53,15 @@ class OomRisk:
     reason: str
     phase: str
     step: int
+    committed_bytes: float = 0.0
 
     def describe(self) -> str:
         """One line for the job's log: where, why, how full, how soon."""
         eta = "none" if math.isinf(self.eta_seconds) else f"{self.eta_seconds:.0f} s"
         return (
             f"OOM risk on {self.device} ({self.reason}: {self.phase} peak {self.peak_bytes / MiB:.0f} MiB of a "
-            f"{self.limit_bytes / MiB:.0f} MiB limit, used {self.used_bytes / MiB:.0f} MiB, ETA {eta})"
+            f"{self.limit_bytes / MiB:.0f} MiB limit, committed {self.committed_bytes / MiB:.0f} MiB, "
+            f"allocated {self.used_bytes / MiB:.0f} MiB, ETA {eta})"
         )
 
 
@@ -87,8 +92,9 @@ def judge(sources: Sources, thresholds: Thresholds) -> OomRisk | None:
         if view is None or not view.limit:
             continue
         est = estimate(points, view.limit)
-        step_peak = float(max(points.recent_peaks, default=est.peak_bytes))
-        phase, peak = max([("step", step_peak), phase_peaks.get(device, ("", 0.0))], key=lambda p: p[1])
+        step_peak = float(max(points.recent_committed_peaks or points.recent_peaks, default=est.committed_peak_bytes))
+        name, phase_peak = phase_peaks.get(device, ("", 0.0))
+        phase, peak = max([("step", step_peak), (name, phase_peak + view.stranded)], key=lambda p: p[1])
         util = peak / view.limit
         if util > thresholds.full_utilisation:
             reason = "headroom"
@@ -96,7 +102,7 @@ def judge(sources: Sources, thresholds: Thresholds) -> OomRisk | None:
             reason, phase, peak = "forecast", "step", step_peak
         else:
             continue
-        return OomRisk(device, view.used, peak, view.limit, est.oom_eta_seconds, reason, phase, snap.steps)
+        return OomRisk(device, view.used, peak, view.limit, est.oom_eta_seconds, reason, phase, snap.steps, view.held)
     return None
 
 
@@ -108,7 +114,10 @@ class RiskWatch:
         sources: Sources,
         thresholds: Thresholds = Thresholds(),
         callbacks: Callable[[], tuple[Callable[[OomRisk], None], ...]] = tuple,
+        start: bool = True,
     ) -> None:
+        """``start``: judge on a daemon thread every ``CHECK_INTERVAL_S``; without it the caller
+        calls ``check()`` (the trace replay, on its own clock)."""
         self._sources, self._thresholds, self._callbacks = sources, thresholds, callbacks
         self._risk: OomRisk | None = None  # set by the judge, read at the next boundary
         self._fired = False  # the callbacks ran in this episode
@@ -117,21 +126,26 @@ class RiskWatch:
         self._thread = threading.Thread(target=self._loop, name="memexporter-oom-risk", daemon=True)
         if sources.steps is not None:
             sources.steps.add_boundary_callback(self.at_boundary)
-        self._thread.start()
+        if start:
+            self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(CHECK_INTERVAL_S):
-            risk = None
-            if self._callbacks():  # with none registered, nothing is judged (and no episode runs)
-                try:
-                    risk = judge(self._sources, self._thresholds)
-                except Exception:
-                    count_failure("OOM-risk judgement")
-                    continue
-            with self._lock:
-                self._risk = risk
-                if risk is None:
-                    self._fired = False  # the episode is over: the next risk calls again
+            self.check()
+
+    def check(self) -> None:
+        """Judge once; the verdict waits for the next boundary. Never raises."""
+        risk = None
+        if self._callbacks():  # with none registered, nothing is judged (and no episode runs)
+            try:
+                risk = judge(self._sources, self._thresholds)
+            except Exception:
+                count_failure("OOM-risk judgement")
+                return
+        with self._lock:
+            self._risk = risk
+            if risk is None:
+                self._fired = False  # the episode is over: the next risk calls again
 
     def at_boundary(self, step: int) -> None:
         """On the training thread, after a step boundary: run the callbacks once per episode."""

@@ -1,10 +1,13 @@
 """Leak rate and time until OOM: pure math on per-step memory points (no torch).
 
 The training thread adds one point per step to a bounded ``TrendWindow`` (oom/window.py): step number, monotonic
-wall time (seconds), baseline (``used`` bytes at the step boundary) and peak (highest ``used``
-bytes within the step). The scrape thread takes an immutable ``snapshot()`` and calls
-``estimate()``: a Theil-Sen slope of the baseline against steps (bytes/step) and against time
-(bytes/s), gated on the baseline's own noise, and the seconds until the step peak hits the limit.
+wall time (seconds), baseline (``used`` bytes at the step boundary), peak (highest ``used`` bytes
+within the step) and committed (the bytes the limit is met by, ``backends.base.committed``). The
+scrape thread takes an immutable ``snapshot()`` and calls ``estimate()``: a Theil-Sen slope of the
+baseline against steps (bytes/step) and against time (bytes/s), gated on the baseline's own noise
+(the leak: what the job's tensors hold), and the seconds until the committed step peak reaches the
+limit at the faster of the two trends, the baseline's and the committed bytes' (what runs out: under
+the native allocator segments strand memory, and the committed bytes grow faster than the leak).
 
 Why per-step points and a robust slope: raw samples follow the in-step sawtooth, and a least
 squares fit is dragged by one evaluation spike; the median of pairwise slopes shrugs off up to
@@ -27,7 +30,8 @@ from memexporter.oom.window import (
     MIB,
     MIN_POINTS,
     PEAK_LOOKBACK,
-    WARMUP_SECONDS,
+    SETTLE_FLOOR_BYTES,
+    SETTLE_SECONDS,
     TrendPoints,
     TrendWindow,
     even_indices,
@@ -36,16 +40,17 @@ from memexporter.oom.window import (
 __all__ = [
     "MAX_FIT_POINTS",
     "MIN_POINTS",
-    "MIN_SPAN_SECONDS",
     "NOISE_FLOOR_BYTES",
     "NOISE_SIGMAS",
     "PEAK_LOOKBACK",
+    "SETTLE_FLOOR_BYTES",
+    "SETTLE_SECONDS",
     "SLOWDOWN",
-    "WARMUP_SECONDS",
     "TrendEstimate",
     "TrendPoints",
     "TrendWindow",
     "estimate",
+    "rates",
 ]
 
 Vector: TypeAlias = npt.NDArray[np.float64]
@@ -59,10 +64,6 @@ the residuals are exactly 0: a drift under 1 MiB over the whole window is not wo
 MAX_AUTOCORRELATION = 0.95
 """The noise band widens at most sqrt(1.95 / 0.05), about 6x, for the smoothest noise."""
 
-MIN_SPAN_SECONDS = 3.0
-"""A slope also needs its points to span 3 s (or a full window): 32 steps of a fast CPU job last
-about a second, within one tooth of the C heap's sawtooth, and look just like a leak."""
-
 SLOWDOWN = 0.5
 """Growth is sustained only if the newest quarter of the window still grows at half the window's
 rate or more: a leak keeps its pace, start-up creep slows down and stops."""
@@ -70,8 +71,9 @@ rate or more: a leak keeps its pace, start-up creep slows down and stops."""
 
 @dataclass(frozen=True)
 class TrendEstimate:
-    """Rates in bytes/step and bytes/s (0 until ready or within noise), ETA in seconds (may be
-    ``math.inf``), the last step's baseline and peak in bytes (0 before one), points used."""
+    """Leak rates in bytes/step and bytes/s (0 until ready or within noise), ETA in seconds (may be
+    ``math.inf``), the last step's baseline and peak in bytes (0 before one), points used; the last
+    step's committed bytes and committed peak, and the committed bytes' growth in bytes/s."""
 
     leak_bytes_per_step: float
     leak_bytes_per_second: float
@@ -79,6 +81,9 @@ class TrendEstimate:
     baseline_bytes: float
     peak_bytes: float
     samples: int
+    committed_bytes: float = 0.0
+    committed_peak_bytes: float = 0.0
+    committed_bytes_per_second: float = 0.0
 
 
 def _median_slope(dy: Vector, dx: Vector) -> float:
@@ -87,13 +92,13 @@ def _median_slope(dy: Vector, dx: Vector) -> float:
     return float(np.median(dy[keep] / dx[keep])) if keep.any() else 0.0
 
 
-def _is_significant(x: Vector, y: Vector, slope: float) -> bool:
-    """Whether the fitted rise over the window stands out of the residuals' robust noise."""
+def _is_significant(x: Vector, y: Vector, slope: float, floor: float = NOISE_FLOOR_BYTES) -> bool:
+    """Whether the fitted rise over the window stands out of the residuals' robust noise and ``floor``."""
     resid = y - slope * x
     resid -= np.median(resid)
     sigma = 1.4826 * float(np.median(np.abs(resid)))  # MAD scaled to a Gaussian sigma
     rise = abs(slope * float(x[-1] - x[0]))
-    return rise > max(NOISE_SIGMAS * sigma * _inflation(resid, sigma), NOISE_FLOOR_BYTES)
+    return rise > max(NOISE_SIGMAS * sigma * _inflation(resid, sigma), floor)
 
 
 def _inflation(resid: Vector, sigma: float) -> float:
@@ -138,47 +143,60 @@ def _sustained(x: Vector, y: Vector, slope: float) -> bool:
     )
 
 
+def rates(points: TrendPoints, values: tuple[float, ...]) -> tuple[float, float]:
+    """Gated Theil-Sen slopes of ``values`` (one per point) in bytes/step and bytes/s: both 0 below
+    ``points.min_points`` points, within noise, or when the growth does not keep its pace."""
+    n = len(points.steps)
+    if points.held < points.min_points or n < 2:
+        return 0.0, 0.0
+    # Hand-built points may be unthinned; O(n^2) pairs must stay bounded.
+    idx = even_indices(n, MAX_FIT_POINTS) if n > MAX_FIT_POINTS else list(range(n))
+    x_step = np.asarray(points.steps, dtype=np.float64)[idx]
+    x_time = np.asarray(points.times, dtype=np.float64)[idx]
+    y = np.asarray(values, dtype=np.float64)[idx]
+    i, j = np.triu_indices(len(y), k=1)  # all pairs i < j, shared by both axes
+    dy = y[j] - y[i]
+    per_step = _median_slope(dy, x_step[j] - x_step[i])
+    # One gate for both rates, on the step axis: the same series, and steps are the steadier
+    # axis (an evaluation pause stretches time, not steps).
+    floor = SETTLE_FLOOR_BYTES if points.settling else NOISE_FLOOR_BYTES
+    if not (_is_significant(x_step, y, per_step, floor) and _sustained(x_step, y, per_step)):
+        return 0.0, 0.0
+    return per_step, _median_slope(dy, x_time[j] - x_time[i])
+
+
 def estimate(points: TrendPoints, limit_bytes: float | None) -> TrendEstimate:
-    """Leak rate (bytes/step, bytes/s) and seconds until the step peak reaches ``limit_bytes``.
+    """Leak rate (bytes/step, bytes/s) and seconds until the committed step peak reaches ``limit_bytes``.
 
     Rates are 0 below ``points.min_points`` points and when the rise is within noise
-    (``NOISE_*``); a shrinking baseline gives a negative rate. The ETA is 0 once the peak level
-    (``PEAK_LOOKBACK``) reaches the limit, ``math.inf`` when ``limit_bytes`` is None or memory is
-    not growing, else ``(limit_bytes - peak level) / bytes per second``.
+    (``NOISE_*``); a shrinking baseline gives a negative rate. The ETA is 0 once the committed peak
+    level (the highest of the last ``PEAK_LOOKBACK`` committed step peaks) reaches the limit,
+    ``math.inf`` when ``limit_bytes`` is None or memory is not growing, else
+    ``(limit_bytes - peak level) / bytes per second``, at the faster of the baseline's growth and
+    the committed bytes' (each gated alike).
     """
-    n = len(points.steps)
-    per_step = per_second = 0.0
-    if (
-        points.held >= points.min_points
-        and n >= 2
-        and (points.times[-1] - points.times[0] >= MIN_SPAN_SECONDS or points.held >= points.capacity)
-    ):
-        # Hand-built points may be unthinned; O(n^2) pairs must stay bounded.
-        idx = even_indices(n, MAX_FIT_POINTS) if n > MAX_FIT_POINTS else list(range(n))
-        x_step = np.asarray(points.steps, dtype=np.float64)[idx]
-        x_time = np.asarray(points.times, dtype=np.float64)[idx]
-        y = np.asarray(points.baselines, dtype=np.float64)[idx]
-        i, j = np.triu_indices(len(y), k=1)  # all pairs i < j, shared by both axes
-        dy = y[j] - y[i]
-        per_step = _median_slope(dy, x_step[j] - x_step[i])
-        # One gate for both rates, on the step axis: the same series, and steps are the steadier
-        # axis (an evaluation pause stretches time, not steps).
-        if _is_significant(x_step, y, per_step) and _sustained(x_step, y, per_step):
-            per_second = _median_slope(dy, x_time[j] - x_time[i])
-        else:
-            per_step = 0.0
+    leak = per_step, per_second = rates(points, points.baselines)
+    same = not points.committed or points.committed == points.baselines  # cpu, cudaMallocAsync
+    held = leak if same else rates(points, points.committed)
+    growth = max((rate for steps, rate in (leak, held) if steps > 0 and rate > 0), default=0.0)
+    peaks = points.recent_committed_peaks or points.recent_peaks
     eta = math.inf
-    if limit_bytes is not None and points.recent_peaks:
-        peak_level = max(points.recent_peaks)
+    if limit_bytes is not None and peaks:
+        peak_level = max(peaks)
         if peak_level >= limit_bytes:
             eta = 0.0
-        elif per_step > 0 and per_second > 0:
-            eta = (limit_bytes - peak_level) / per_second
+        elif growth > 0:
+            eta = (limit_bytes - peak_level) / growth
+    last_peak = points.last_peak if points.last_peak is not None else 0.0
+    last_base = points.last_baseline if points.last_baseline is not None else 0.0
     return TrendEstimate(
         leak_bytes_per_step=per_step,
         leak_bytes_per_second=per_second,
         oom_eta_seconds=eta,
-        baseline_bytes=points.last_baseline if points.last_baseline is not None else 0.0,
-        peak_bytes=points.last_peak if points.last_peak is not None else 0.0,
+        baseline_bytes=last_base,
+        peak_bytes=last_peak,
         samples=points.held,
+        committed_bytes=points.last_committed if points.last_committed is not None else last_base,
+        committed_peak_bytes=points.last_committed_peak if points.last_committed_peak is not None else last_peak,
+        committed_bytes_per_second=held[1],
     )

@@ -24,8 +24,14 @@ _ETA = "rank_device:memexporter_oom_eta_seconds:min{%(sel)s}"
 _LOST_INFO = f"topk by (job, instance, rank) (1, last_over_time({INFO}{{%(sel)s}}[%(lost_window)s]))"
 # How a rank ended, as its exporter's helper observed it (issue 35): served for a grace period after the end.
 _ENDED = "last_over_time(memexporter_job_end_info{%s%%(sel)s}[%%(lost_window)s])"
+# The last committed peak (what met the limit; the step peak of an exporter older than issue 34) over
+# the limit.
 _LAST_UTIL = (
-    "last_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(lost_window)s])\n"
+    "(\n"
+    "    last_over_time(memexporter_memory_committed_peak_bytes{%(sel)s}[%(lost_window)s])\n"
+    "  or\n"
+    "    last_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(lost_window)s])\n"
+    "  )\n"
     "  / last_over_time(memexporter_memory_limit_bytes{%(sel)s}[%(lost_window)s])"
 )
 _WHY = (

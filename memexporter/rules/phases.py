@@ -72,11 +72,20 @@ def phase_recording() -> list[Rule]:
     return [
         Rule(
             PHASE_UTIL,
-            expr="max_over_time(memexporter_phase_peak_bytes{%(out_of_step)s,%(sel)s}[%(level_window)s])\n"
+            expr="(\n"
+            "    max_over_time(memexporter_phase_peak_bytes{%(out_of_step)s,%(sel)s}[%(level_window)s])\n"
+            "  + ignoring(phase) group_left()\n"
+            "    (\n"
+            "        memexporter_memory_committed_bytes{%(sel)s} - memexporter_memory_used_bytes{%(sel)s}\n"
+            "      or\n"
+            "        0 * memexporter_memory_limit_bytes{%(sel)s}\n"
+            "    )\n"
+            ")\n"
             "/ ignoring(phase) group_left()\nmemexporter_memory_limit_bytes{%(sel)s}",
             why="Peak of the last occurrence of each out-of-step phase (evaluation, checkpoint...) over the\n"
-            "level window, as a fraction of the limit. The exporter keeps these phases out of the step\n"
-            "peak, so this is the only level that sees them.",
+            "level window, plus what is committed beyond used now (stranded in partly used segments), as\n"
+            "a fraction of the limit. The exporter keeps these phases out of the step peak, so this is the\n"
+            "only level that sees them.",
         ),
         Rule(
             _ALLOWANCE,

@@ -32,6 +32,7 @@ from memexporter.rules.selector import parse_selector
 __all__ = ["Rule", "params", "recording", "trends"]
 
 _PEAK = "rank_device:memexporter_memory_peak_bytes"
+_LEVEL = "rank_device:memexporter_memory_committed_peak_bytes:max_over_time"
 _UTIL = "rank_device:memexporter_memory_peak_utilisation:ratio"
 _EXCESS = "rank_device:memexporter_memory_peak_excess_over_job_median:ratio"
 _ETA = "rank_device:memexporter_oom_eta_seconds"
@@ -113,13 +114,17 @@ def recording() -> list[Rule]:
     return [
         info_record(),
         Rule(
-            f"{_PEAK}:max_over_time",
-            expr="max_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(level_window)s])",
-            why="Highest step peak over the level window: the level that the OOM gates compare to the limit.",
+            _LEVEL,
+            expr="max_over_time(memexporter_memory_committed_peak_bytes{%(sel)s}[%(level_window)s])\nor\n"
+            "max_over_time(memexporter_memory_peak_bytes{%(sel)s}[%(level_window)s])",
+            why="Highest committed step peak over the level window: the level that the OOM gates compare to the\n"
+            "limit. Committed, not allocated: under the native allocator the limit is met by segments (an\n"
+            "H200 job died with 79 % of its limit allocated, 99.7 % committed). An exporter from before the\n"
+            "committed series: its step peak.",
         ),
         Rule(
             _UTIL,
-            expr=with_run(f"{_PEAK}:max_over_time{{%(sel)s}}\n/\nmemexporter_memory_limit_bytes{{%(sel)s}}"),
+            expr=with_run(f"{_LEVEL}{{%(sel)s}}\n/\nmemexporter_memory_limit_bytes{{%(sel)s}}"),
             why="Peak utilisation of the limit (0..1).\nWith the rank's run_id, as every per-rank alert: the join is in runs.with_run.",
         ),
         Rule(
@@ -157,7 +162,7 @@ def trends() -> list[Rule]:
         ),
         Rule(
             f"{_ETA}:peak_trend",
-            expr=f"(memexporter_memory_limit_bytes{{%(sel)s}} - {_PEAK}:max_over_time{{%(sel)s}})\n"
+            expr=f"(memexporter_memory_limit_bytes{{%(sel)s}} - {_LEVEL}{{%(sel)s}})\n"
             f"/\n({_PEAK}:deriv{{%(sel)s}} > 0)",
             why="Prometheus-side seconds until the step peak reaches the limit at the peak's median trend.",
         ),

@@ -236,6 +236,6 @@ def backend_allocated(counts: ModelCounts) -> Callable[[], int]:
 
     def allocated() -> int:
         index = counts.params.cuda_index
-        return 0 if index is None else backend.allocated(index)[0]
+        return 0 if index is None else backend.reading(index).used
 
     return allocated

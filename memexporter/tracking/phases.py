@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from memexporter.backends.base import Reading
+
 if TYPE_CHECKING:
     from memexporter.tracking.steps import Readings, StepTracker
 
@@ -43,6 +45,8 @@ MAX_PHASES = 16
 """Distinct phase names exported per process; later names are counted as ``OTHER`` (except the
 out-of-step names, which always keep theirs: at most 21 names)."""
 OTHER = "other"
+INSIDE_INTERVAL_S = 0.1
+"""Seconds between the readings at a tracked forward's end inside an out-of-step phase (``inside``)."""
 
 
 @dataclass
@@ -51,7 +55,7 @@ class _Open:
 
     name: str
     started: float  # monotonic seconds
-    start: dict[str, tuple[int, int]]  # device -> (used, high-water mark) at its start
+    start: dict[str, Reading]  # device -> its reading at the start
     separate: bool = False  # an out-of-step phase
     top: dict[str, int] = field(default_factory=dict)  # device -> highest used sampled since
 
@@ -67,11 +71,11 @@ class PhaseStats:
     active: int = 0
 
 
-def _peak(start: tuple[int, int] | None, top: int, used: int, high_water: int) -> int:
+def _peak(start: Reading | None, top: int, used: int, high_water: int) -> int:
     """Peak bytes of one device over one occurrence (the rule in the module docstring)."""
     if start is None:  # the device appeared during the phase: its whole high-water mark is within it
         return high_water
-    start_used, start_mark = start
+    start_used, start_mark = start.used, start.peak
     if high_water > start_mark:  # a new lifetime high during the phase: it is the phase's peak
         return high_water
     samples = max(top, start_used, used)
@@ -91,6 +95,7 @@ class PhaseTracker:
         self._open: list[_Open] = []
         self._stats: dict[str, PhaseStats] = {}
         self._out_of_step = 0  # out-of-step occurrences open now
+        self._inside_at = -1e18  # when a forward's end inside one was last read (monotonic s)
         self.last_change: float | None = None  # unix time a phase began or ended
         steps.add_observer(self._observe)
 
@@ -99,8 +104,26 @@ class PhaseTracker:
         return self._out_of_step > 0
 
     def sample(self) -> Readings | None:
-        """One reading, also a step-peak sample (the step tracker's)."""
-        return self._steps.sample()
+        """One reading, also a step-peak sample (the step tracker's), on any step: a phase of the
+        user's (an evaluation, a checkpoint) is rare and always measured."""
+        return self._steps.sample(force=True)
+
+    def inside(self) -> None:
+        """A tracked forward ended inside a user's out-of-step phase (an evaluation) on a step
+        that takes no intra-step readings: read at the first such end of the occurrence, then at
+        most every ``INSIDE_INTERVAL_S``. What the evaluation's batches hold (a buffer from its
+        first batch to its end) lies between its boundaries; without this, its peak would be
+        exact only where the high-water mark rose."""
+        now = self._clock()
+        if now - self._inside_at >= INSIDE_INTERVAL_S:
+            self._inside_at = now
+            self.sample()
+
+    @property
+    def detailed(self) -> bool:
+        """Whether this training step takes intra-step readings (``steps.Detail``): the automatic
+        phases are measured on those steps only."""
+        return self._steps.detailed
 
     def latest(self) -> Readings | None:
         """The step tracker's latest reading, without a new one (None before the first)."""
@@ -125,6 +148,7 @@ class PhaseTracker:
                 first = self._out_of_step == 1
             if first:
                 self._steps.hold()
+                self._inside_at = -1e18  # the occurrence's first forward end reads
         readings = self.sample() if readings is None else readings
         with self._lock:
             if readings is None:  # no reading at all: nothing opens, and nothing stays held
@@ -153,7 +177,7 @@ class PhaseTracker:
             self.last_change = self._wall()
             if readings is not None:
                 stats.peaks = {
-                    d: _peak(token.start.get(d), token.top.get(d, 0), used, hw) for d, (used, hw) in readings.items()
+                    d: _peak(token.start.get(d), token.top.get(d, 0), r.used, r.peak) for d, r in readings.items()
                 }
                 stats.duration = self._clock() - token.started
                 stats.completed += 1
@@ -165,9 +189,9 @@ class PhaseTracker:
     def _observe(self, readings: Readings) -> None:
         with self._lock:
             for token in self._open:
-                for device, (used, _) in readings.items():
-                    if used > token.top.get(device, 0):
-                        token.top[device] = used
+                for device, r in readings.items():
+                    if r.used > token.top.get(device, 0):
+                        token.top[device] = r.used
 
     def snapshot(self) -> tuple[dict[str, PhaseStats], float | None]:
         """A copy for the scrape thread: ``({name: stats}, last change)``."""
@@ -219,15 +243,19 @@ def forward_begin() -> None:
     reading costs syscalls (RSS, high-water mark) or an allocator-stats read per CUDA device,
     which a cache-cold training loop pays 10-20 us for on CPU: the automatic phases add none."""
     tracker = active()
-    if tracker is not None:
+    if tracker is not None and tracker.detailed:
         _switch(("backward",), "forward", tracker.latest() or tracker.sample())  # none yet: the first forward
 
 
 def forward_end(grad: bool) -> None:
     """It ended (also a step-peak sample): ``backward`` runs next if it kept a graph (``grad``)."""
     tracker = active()
-    if tracker is not None:
+    if tracker is None:
+        return
+    if tracker.detailed:
         _switch(("forward",), "backward" if grad else None, tracker.sample())
+    elif tracker.out_of_step:
+        tracker.inside()
 
 
 def optimizer_begin(readings: Readings | None) -> None:

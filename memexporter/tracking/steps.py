@@ -9,6 +9,14 @@ The per-step peak never resets the user's peak statistics. It uses the lifetime 
 the step's peak *is* the new high-water mark (exact, and exactly the case that leads to an OOM).
 Otherwise the peak is the highest of the samples taken in the step (boundaries, the optimizer
 pre-step hook, the end of a tracked model's forward): a lower bound.
+
+One reading per step. A reading builds the allocator's whole statistics dict (~150 keys on CUDA);
+a launch-bound loop holds the GIL between tiny kernels and pays for each one. So in steady state a
+step takes one reading, at its boundary (``Detail``): the intra-step samples and the automatic
+phases (forward, backward, optimizer) read only on a *detailed* step, one in ``DETAIL_EVERY`` and at
+most one per ``DETAIL_INTERVAL_S``, as the tracked model's forward recording does. The step peak
+stays exact wherever the high-water mark rose; in between, the samples of a detailed step bound it
+from below.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from memexporter.backends.base import AllocatorSource, HostSource
+from memexporter.backends.base import AllocatorSource, HostSource, Reading
 from memexporter.oom.trend import TrendPoints, TrendWindow
 
 log = logging.getLogger("memexporter")
@@ -35,9 +43,13 @@ log = logging.getLogger("memexporter")
 _DEVICE_REFRESH_STEPS = 50
 # step_interval_seconds is the median of the intervals between the last this-many boundaries.
 _RHYTHM_STEPS = 33
+DETAIL_EVERY = 8
+"""In steady state at most one step in this many takes intra-step readings (``Detail``)..."""
+DETAIL_INTERVAL_S = 1.0
+"""...and at most one per this many seconds (the same pace as a tracked model's recorded forwards)."""
 
-Readings: TypeAlias = dict[str, tuple[int, int]]
-"""``{device: (used, lifetime high-water mark)}`` in bytes, read at one instant."""
+Readings: TypeAlias = dict[str, Reading]
+"""``{device: Reading(used, lifetime high-water mark, committed)}`` in bytes, read at one instant."""
 
 
 def _host_peak() -> int:
@@ -87,6 +99,25 @@ def _step_peak(dev: _Device, used: int, high_water: int) -> int:
     return max(samples, min(high_water, dev.last_used + dev.excursion))
 
 
+@dataclass
+class Detail:
+    """Which steps take intra-step readings: one in ``every``, at most one per ``interval`` seconds,
+    the first always. ``Detail()`` (every step) is for direct users; the exporter paces it."""
+
+    every: int = 1
+    interval: float = 0.0
+    _since: int = 1 << 30  # steps since the last detailed one
+    _at: float = -1e18  # when it started
+
+    def next(self, now: float) -> bool:
+        """A boundary at ``now`` (monotonic seconds): whether the step it starts is detailed."""
+        self._since += 1
+        if self._since >= self.every and now - self._at >= self.interval:
+            self._since, self._at = 0, now
+            return True
+        return False
+
+
 class StepTracker:
     """Bounded per-device step history. ``step()`` and ``sample()`` run on the training thread."""
 
@@ -99,8 +130,12 @@ class StepTracker:
         clock: Callable[[], float] = time.monotonic,
         host_peak: Callable[[], int] = _host_peak,
         wall: Callable[[], float] = time.time,
+        detail: Detail | None = None,
     ) -> None:
         self._cuda, self._host, self._clock, self._host_peak, self._wall = cuda, host, clock, host_peak, wall
+        self.detail = detail or Detail()  # which steps take intra-step readings
+        self.detailed = True  # the current step takes intra-step readings (the first always does)
+        self.readings = 0  # readings taken, for the benchmark and the tests
         self._window, self._warmup = window, warmup_steps
         self._lock = threading.Lock()
         self._devices: dict[str, _Device] = {}
@@ -119,38 +154,43 @@ class StepTracker:
         self.last: Readings | None = None  # the latest readings, from any sample or boundary
 
     def _read(self, refresh: bool = False) -> Readings:
-        """``{device: (used, lifetime high-water mark)}`` for cpu and each CUDA device in use.
+        """``{device: Reading}`` for cpu and each CUDA device in use.
 
         Only a step boundary may rescan the devices (a scan reads every visible device's stats);
         intra-step samples reuse the last list. A device whose read fails is left out of this
         reading (and counted): the others, and the step count, never depend on it.
         """
         out: Readings = {}
+        self.readings += 1
         try:
             if refresh and self.steps % _DEVICE_REFRESH_STEPS == 0:
                 self._cuda_indices = self._cuda.devices_in_use()
         except Exception:
             self._failed()
         try:
-            out["cpu"] = (self._host.rss(), self._host_peak())
+            rss = self._host.rss()
+            out["cpu"] = Reading(rss, self._host_peak(), rss)
         except Exception:
             self._failed()
         for i in self._cuda_indices:
             try:
-                out[self._cuda.label(i)] = self._cuda.allocated(i)
+                out[self._cuda.label(i)] = self._cuda.reading(i)
             except Exception:
                 self._failed()
         return out
 
-    def sample(self) -> Readings | None:
-        """Record an intra-step sample of ``used``, for the step peak; the readings, or None if they failed."""
+    def sample(self, force: bool = False) -> Readings | None:
+        """Record an intra-step sample of ``used``, for the step peak; the readings, or None if they
+        failed or this step is not detailed (``force``: read anyway, as a user's phase does)."""
+        if not (self.detailed or force):
+            return None
         try:
             readings = self.last = self._read()
             with self._lock:
-                for name, (used, _) in readings.items():
+                for name, r in readings.items():
                     dev = self._devices.get(name)
-                    if dev is not None and used > dev.step_max:
-                        dev.step_max = used
+                    if dev is not None and r.used > dev.step_max:
+                        dev.step_max = r.used
             for observer in self._observers:
                 observer(readings)
             return readings
@@ -169,8 +209,8 @@ class StepTracker:
                 self._times.append(now)
                 self._last_wall = self._wall()
                 if self._held is not None:  # a boundary inside an out-of-step phase starts a new step
-                    self._held = {name: used for name, (used, _) in readings.items()}
-                for name, (used, high_water) in readings.items():
+                    self._held = {name: r.used for name, r in readings.items()}
+                for name, (used, high_water, committed) in readings.items():
                     dev = self._devices.get(name)
                     if dev is None:
                         # First boundary for this device: nothing to compare the high-water mark with.
@@ -178,9 +218,10 @@ class StepTracker:
                             TrendWindow(self._window, self._warmup), high_water, used, used
                         )
                     peak = _step_peak(dev, used, high_water)
-                    dev.window.add(self.steps, now, float(used), float(peak))
+                    dev.window.add(self.steps, now, float(used), float(peak), float(committed))
                     dev.high_water, dev.last_used, dev.step_max, dev.last_peak = high_water, used, used, peak
                 steps = self.steps
+                self.detailed = self.detail.next(now)
             for observer in self._observers:
                 observer(readings)
             for callback in self._boundary_callbacks:
@@ -200,10 +241,10 @@ class StepTracker:
         the high-water mark it left as the new reference, so a rise inside it is not the step's."""
         with self._lock:
             held, self._held = self._held or {}, None
-            for name, (_, high_water) in readings.items():
+            for name, r in readings.items():
                 dev = self._devices.get(name)
                 if dev is not None:
-                    dev.high_water = high_water
+                    dev.high_water = r.peak
                     dev.step_max = held.get(name, dev.last_used)
 
     def add_observer(self, observer: Callable[[Readings], None]) -> None:

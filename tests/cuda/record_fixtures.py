@@ -72,9 +72,20 @@ def nvml_answers() -> dict[str, Any] | None:
     except Exception:
         return None
 
-    def memory(handle: Any) -> dict[str, int]:
+    def memory(handle: Any) -> dict[str, Any]:
+        """``{"memory": v1, "memory_v2": v2}``: ``nvmlDeviceGetMemoryInfo`` (used counts the driver's
+        reservation) and, where the driver has it, ``nvmlDeviceGetMemoryInfo_v2`` (the reservation
+        apart, used as nvidia-smi shows it) or what else it raised. No ``memory_v2``: the driver has
+        no such call (FUNCTION_NOT_FOUND), or nvidia-ml-py has none (``memory_v2_binding``)."""
         m = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        return {"total": int(m.total), "used": int(m.used), "free": int(m.free)}
+        out: dict[str, Any] = {"memory": {"total": int(m.total), "used": int(m.used), "free": int(m.free)}}
+        if hasattr(pynvml, "nvmlMemory_v2"):
+            v2 = _capture(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2))
+            if not isinstance(v2, dict):
+                out["memory_v2"] = {k: int(getattr(v2, k)) for k in ("total", "reserved", "free", "used")}
+            elif not v2["raises"].startswith("NVMLError_FunctionNotFound"):
+                out["memory_v2"] = v2
+        return out
 
     def processes(handle: Any) -> dict[str, Any]:
         """``{"processes": [...]}`` from nvmlDeviceGetComputeRunningProcesses (this process as "self",
@@ -114,7 +125,7 @@ def nvml_answers() -> dict[str, Any] | None:
                         "uuid": uuid,
                         "name": _text(pynvml.nvmlDeviceGetName(m)),
                         "gpu_instance_id": int(pynvml.nvmlDeviceGetGpuInstanceId(m)),
-                        "memory": memory(m),
+                        **memory(m),
                         **processes(m),
                     }
                 )
@@ -123,7 +134,7 @@ def nvml_answers() -> dict[str, Any] | None:
                 "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
                 "name": _text(pynvml.nvmlDeviceGetName(h)),
                 "pci_bus_id": _text(pynvml.nvmlDeviceGetPciInfo(h).busId),
-                "memory": memory(h),
+                **memory(h),
                 "mig_mode": mode if isinstance(mode, list) else None,
                 "mig": slices,
                 **processes(h),
@@ -132,6 +143,7 @@ def nvml_answers() -> dict[str, Any] | None:
     return {
         "strings": strings,
         "handle_by_mig_uuid": by_mig_uuid,
+        **({} if hasattr(pynvml, "nvmlMemory_v2") else {"memory_v2_binding": False}),  # an nvidia-ml-py without v2
         "gpus": gpus,
         "driver_version": _text(pynvml.nvmlSystemGetDriverVersion()),
     }

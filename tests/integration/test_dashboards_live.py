@@ -64,8 +64,8 @@ RUN_ID = "dashboards-live"  # the demo's run (MEMEXPORTER_RUN_ID), as a launcher
 RUN_ALERT = "MemexporterMemoryLeak"  # fires run-wide in the synthetic rules below
 RULE_FILES = sorted((REPO_ROOT / "alerts").glob("*.yml"))  # alerts/ holds rules files only
 SPEC_NAMES = {s.name for s in SPECS}
-# A second process of another run, whose host collector raises at every scrape: what a panel that
-# shows failures only (empty while all is well: its noValue says so) must show.
+# A second process of another run, whose host collector raises at every scrape: what the panel that
+# counts failing collectors (0 on the healthy demo) must count.
 FAILING_RUN = "dashboards-live-failing"
 FAILING = """
 import sys, time
@@ -166,9 +166,17 @@ def substitute(expr: str, values: dict[str, str]) -> str:
     return dashboards.interpolate(expr, {**table, "topk": "10", "__rate_interval": "1m"})
 
 
-def failures_only(panel: dict[str, Any]) -> bool:
-    """A panel that shows failures only: empty on a healthy run, its noValue saying so."""
-    return "noValue" in panel["fieldConfig"]["defaults"]
+def counts_failures(panel: dict[str, Any]) -> bool:
+    """The panel that counts the ranks whose collector raised: 0 on a healthy run, per collector."""
+    return any("memexporter_collector_success" in metric_names(t["expr"]) for t in panel["targets"])
+
+
+def _values(result: list[dict[str, Any]]) -> dict[str, set[float]]:
+    """``{collector: every value it took}`` of a query's answer (instant or range)."""
+    return {
+        s["metric"].get("collector", ""): {float(v) for _, v in s.get("values", [s.get("value", [0, "nan"])])}
+        for s in result
+    }
 
 
 def run_wide(panel: dict[str, Any]) -> bool:
@@ -196,12 +204,12 @@ def test_panel_queries_return_data(live: tuple[Prometheus, dict[str, str]], name
             assert not unknown, f"{name}: {panel['title']!r} names series nothing exports: {sorted(unknown)}"
             assert result == [], f"panel {panel['title']!r} returned data on a CPU job of an unsharded model: {expr}"
             continue
-        if failures_only(panel):  # nothing on the healthy demo; the failing rank of the other run shows
-            assert result == [], f"{name}: {panel['title']!r} shows a failure on the healthy demo: {result}"
+        if counts_failures(panel):  # 0 on the healthy demo (not "No data"); the other run's failing host counts 1
+            healthy = _values(result)
+            assert healthy and all(v == {0.0} for v in healthy.values()), f"{panel['title']!r}: {result}"
             failing = {**values, "run_id": FAILING_RUN, "instance": values["failing_instance"]}
-            result = _run(prom, substitute(target["expr"], failing), target["instant"])
-            assert {s["metric"].get("collector") for s in result} == {"host"}, f"{panel['title']!r}: {result}"
-            continue
+            counted = _values(_run(prom, substitute(target["expr"], failing), target["instant"]))
+            assert counted.pop("host") == {1.0} and all(v == {0.0} for v in counted.values()), counted
         assert result, f"{name}: {panel['title']!r}/{target['refId']} returned nothing: {expr}"
         for series in result:
             assert series["metric"].get("rank", "0") == "0", f"rank filter ignored: {series['metric']}"

@@ -226,7 +226,7 @@ def test_the_premortem_is_on_disk_before_the_oom_and_survives_sigkill(tmp_path: 
     assert [f.name for f in files] == [f"memexporter-premortem-rank0-pid{proc.pid}.json"]
     doc = json.loads(files[0].read_text())
     print(f"pre-mortem at step {doc['census']['step']}: {doc['reason']}")
-    assert re.match(r"cpu: (OOM ETA \d+ s|[\d.]+ % of the limit in use)", doc["reason"])
+    assert re.match(r"cpu: (OOM ETA \d+ s|[\d.]+ % of the limit committed)", doc["reason"])
     leak = next(g for g in doc["census"]["groups"] if g["shape"] == [2097152])
     assert leak["count"] >= 5 and doc["oom"]["cpu"]["limit_bytes"] > 0
     # The job is gone: inspect reads what it left (the folder: its newest dump).

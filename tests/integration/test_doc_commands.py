@@ -227,7 +227,7 @@ PLAN: dict[tuple[str, str], Run | Elsewhere] = {
     ),
     (
         "docs/deploy.md",
-        'pip install memexporter            # or: pip install ".[nvml]" from a checkout; torch >= 2.1 must be there',
+        'pip install memexporter            # or: pip install ".[nvml]" from a checkout; torch >= 2.8 must be there',
     ): Elsewhere(
         "installs from PyPI; the build and twine check take a minute and run once",
         "tests/integration/test_package.py (python -m build, twine check --strict, the wheel installed)",

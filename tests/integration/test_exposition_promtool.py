@@ -1,7 +1,8 @@
 """The exposition against the real ``promtool check metrics``: the golden file (which
 tests/unit/collectors/test_registry_golden.py keeps equal to the exposition over the SYNTHETIC fake
 backends), and a running exporter's phases after real training steps (the phase arithmetic itself:
-tests/unit/tracking/test_phases.py, whose trained exporter this reuses)."""
+tests/unit/tracking/test_phases.py; the automatic phases: test_phases_automatic.py, whose trained
+exporter this reuses)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from memexporter.tracking.phases import PhaseTracker
 from tests.support import REPO_ROOT
 from tests.support.binaries import require
 from tests.support.web import get_text
-from tests.unit.tracking.test_phases import _counts, _train, trained  # noqa: F401 (a fixture)
+from tests.unit.tracking.test_phases_automatic import _counts, _train, trained  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
 

@@ -37,6 +37,7 @@ SEMCONV = {i.name for i in names.instruments() if i.semconv is not None}
 # machine's free memory, timings): compared within a tolerance, the rest exactly.
 LIVE = {
     "memexporter_memory_used_bytes",
+    "memexporter_memory_committed_bytes",
     "memexporter_memory_limit_bytes",
     "memexporter_host_rss_bytes",
     "memexporter_host_available_bytes",

@@ -25,7 +25,7 @@ from tests.support.alertmanager import WebhookReceiver, running_alertmanager
 from tests.support.binaries import require
 from tests.support.promql import promtool_check_exprs
 from tests.support.rules import render_preset
-from tests.unit.rules.test_rules import BAD_SELECTORS, GOOD_SELECTORS
+from tests.unit.rules.test_selector import BAD_SELECTORS, GOOD_SELECTORS
 
 pytestmark = pytest.mark.integration
 

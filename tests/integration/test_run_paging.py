@@ -59,7 +59,7 @@ def two_runs() -> Iterator[tuple[list[str], int]]:
             for n, labels, v in template.samples()
             if n == f"memexporter_memory_{k}_bytes" and labels.get("device") == "cuda:0"
         )
-        for k in ("limit", "peak")
+        for k in ("limit", "committed_peak")  # what the OOM gates compare with the limit
     )
     rate = (1 - UTIL_AT_START) * limit / ETA_AT_START  # bytes/s
     began = time.time() - (UTIL_AT_START * limit - peak) / rate  # the leak began this long ago

@@ -50,8 +50,8 @@ def test_start_without_torch_says_what_to_do() -> None:
         "except ImportError as e:\n    print(e)\nelse:\n    raise SystemExit('started without torch')\n"
     )
     assert result.returncode == 0, result.stderr
-    assert "memexporter needs torch>=2.1, and torch is not installed: install" in result.stdout
+    assert "memexporter needs torch>=2.8, and torch is not installed: install" in result.stdout
     result = _run(hide + "from memexporter.cli import main; raise SystemExit(main(['demo']))")
     assert result.returncode == 2
-    assert result.stderr.strip().startswith("memexporter needs torch>=2.1, and torch is not installed")
+    assert result.stderr.strip().startswith("memexporter needs torch>=2.8, and torch is not installed")
     assert "Traceback" not in result.stderr

@@ -19,7 +19,8 @@
 - ``cuda_standins`` / ``nvml_standin``: torch.cuda's public functions and the ``pynvml`` module
   answering from a fixture (``tests/fixtures``), so the real CUDA and NVML backends run on CPU;
   ``memory_stats`` / ``synthetic_fixtures``: the shape of ``memory_stats()`` per torch version and
-  the SYNTHETIC fixtures built from it; ``fixture_checks``: what a scrape over a fixture must give.
+  the SYNTHETIC fixtures built from it (the CUDA ones in ``synthetic_cuda``, the other device families
+  in ``synthetic_families``); ``fixture_checks``: what a scrape over a fixture must give.
 - ``rules``: a rules preset rendered into the test's own folder (``render_preset``).
 - ``traces``, ``scenarios``, ``scenario_defs``: SYNTHETIC per-step traces scraped through the real
   trend estimator into promtool scenarios (``python -m tests.support.scenarios`` writes them);
@@ -27,7 +28,8 @@
 - ``healthy_demo``: the demo's own loop in fresh forked processes, its ETA read after every step.
 - ``frameworks``: ``/metrics`` read as Prometheus would and the bytes module rows must add up to,
   from the live tensors' element counts, for the tests under real frameworks (HF, Lightning,
-  accelerate, DDP, FSDP2).
+  accelerate, DDP, FSDP2); ``callback_trainers``: the small Lightning and HF ``Trainer`` runs of the
+  framework callback tests.
 - ``victoriametrics``: VictoriaMetrics single-node, vmalert (the flags of deploy/victoriametrics/vmalert.default)
   and a Prometheus agent that remote-writes to it.
 - ``ranksim`` (with ``rank_exposition``, ``ranksim_server``): N simulated ranks of one or more runs in one

@@ -1,12 +1,16 @@
-"""Stand-ins for torch.cuda's public functions, replaying answers (``nvml_standin.py``: pynvml).
+"""Stand-ins for torch.cuda's answers, replaying a fixture (``nvml_standin.py``: pynvml).
 
 The answers come from a fixture (``tests/fixtures/synthetic/*.json``, made up; or
 ``tests/fixtures/recorded/*.json``, recorded on a GPU by ``tests/cuda/record_fixtures.py``).
-Only the answers are stood in for: torch's own ``memory_stats()`` still flattens and sorts the
-nested dict that ``memory_stats_as_nested_dict`` answers, and ``get_device_properties`` answers
-an object with the fields of ``torch._C._CudaDeviceProperties`` (``uuid`` a ``_CUuuid`` whose
-``str()`` is bare hex, absent where that torch had none). Functions an older torch lacks are
-removed from ``torch.cuda`` for the test.
+Only what torch's C++ answers is stood in for, in the shape the INSTALLED torch's C++ gives it
+(``memory_stats.reported``: torch 2.11 has no private pools, say), with the fixture's figures:
+``torch._C._cuda_memoryStats`` and ``_cuda_hostMemoryStats``. So each torch's own Python
+(``memory_stats()``, ``memory_stats_as_nested_dict()``, ``host_memory_stats()``: the device-index
+checks, the flattening, the sorting) runs as it is, and a stand-in breaks where that torch changed.
+``get_device_properties`` answers an object with the fields of ``torch._C._CudaDeviceProperties``
+(``uuid`` a ``_CUuuid`` whose ``str()`` is bare hex, absent where that torch had none); the
+fraction and ``mem_get_info``, which need a CUDA build to reach their C++, are stood in for whole.
+Functions the fixture's torch lacked are removed from ``torch.cuda`` for the test.
 
 The torch stand-in also models what creates a CUDA context: ``mem_get_info`` on a device without
 one does (``cudaMemGetInfo`` under a device guard); reading stats, properties or the fraction
@@ -25,7 +29,7 @@ import torch
 import torch.cuda
 import torch.cuda.memory
 
-from tests.support.memory_stats import unflatten, zeros_like
+from tests.support.memory_stats import reported, unflatten, zeros_like
 
 _ERRORS: dict[str, type[Exception]] = {
     "RuntimeError": RuntimeError,
@@ -33,6 +37,30 @@ _ERRORS: dict[str, type[Exception]] = {
     "ValueError": ValueError,
     "OSError": OSError,
 }
+
+
+HOST_STATS = hasattr(torch.cuda, "host_memory_stats")
+"""Whether the installed torch has ``torch.cuda.host_memory_stats()`` (2.6 on): before it, no stand-in can answer one."""
+
+
+def installed() -> str:
+    """The installed torch's version: the stand-ins answer in its shape (``torch.__version__`` is the
+    fixture's while they stand in)."""
+    return str(torch.version.__version__)
+
+
+def as_installed_reports(flat: dict[str, int]) -> dict[str, int]:
+    """A fixture's flat ``memory_stats()`` as the installed torch reports it (the stand-in's answer)."""
+    return flat if "raises" in flat else reported(flat, installed())
+
+
+RECORDED_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
+
+
+def recorded_files() -> list[Path]:
+    """The answers recorded on a GPU: ``tests/fixtures/recorded/*.json``, the top level only
+    (folders below, such as ``traces/``, hold other records: per-step traces)."""
+    return sorted(p for p in RECORDED_DIR.glob("*.json") if p.is_file())
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -98,8 +126,8 @@ class TorchStandIn:
     def install(self, mp: pytest.MonkeyPatch) -> TorchStandIn:
         a = self.answers
 
-        def nested(device: Any = None) -> dict[Any, Any]:
-            return unflatten(replay(self._call("memory_stats", device)["memory_stats"]))
+        def memory_stats(device: int) -> dict[Any, Any]:  # THCPModule_memoryStats
+            return unflatten(as_installed_reports(replay(self._call("memory_stats", device)["memory_stats"])))
 
         def mem_get_info(device: Any = None) -> tuple[int, int]:
             answer = self._call("mem_get_info", device)
@@ -107,10 +135,11 @@ class TorchStandIn:
             free, total = replay(answer["mem_get_info"])
             return int(free), int(total)
 
-        mp.setattr(torch.cuda, "is_initialized", lambda: a.get("initialized", True))
+        initialized = lambda: a.get("initialized", True)  # noqa: E731
+        mp.setattr(torch.cuda, "is_initialized", initialized)
+        mp.setattr(torch.cuda.memory, "is_initialized", initialized)  # memory.py's own import of it
         mp.setattr(torch.cuda, "device_count", lambda: a["device_count"])
-        mp.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", nested)  # torch's memory_stats() calls this
-        mp.setattr(torch.cuda, "memory_stats_as_nested_dict", nested)
+        mp.setattr(torch._C, "_cuda_memoryStats", memory_stats, raising=False)  # absent from a CPU build
         mp.setattr(
             torch.cuda,
             "get_device_properties",
@@ -132,13 +161,9 @@ class TorchStandIn:
                     replay(self._call("get_per_process_memory_fraction", device)["memory_fraction"])
                 ),
             )
-        if "host_memory_stats" in a:
-            mp.setattr(
-                torch.cuda,
-                "host_memory_stats",
-                lambda: dict(a["host_memory_stats"]) if a.get("initialized", True) else {},
-            )
-        else:  # torch before 2.6
+        if "host_memory_stats" in a:  # torch's host_memory_stats() (2.6 on) flattens this, when initialised
+            mp.setattr(torch._C, "_cuda_hostMemoryStats", lambda: unflatten(a["host_memory_stats"]), raising=False)
+        else:  # the fixture's torch was before 2.6
             mp.delattr(torch.cuda, "host_memory_stats", raising=False)
         mp.setattr(torch, "__version__", a["torch_version"])
         mp.setattr(torch.version, "cuda", a["cuda_version"])

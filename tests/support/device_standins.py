@@ -7,7 +7,9 @@ answered the new figures on the next call.
 
 What raises is what torch raises: ``mem_get_info`` on an integrated XPU ("doesn't support querying
 the available free memory", pytorch/pytorch#194487), and the allocator probe on an MPS build
-before torch 2.13 ("Allocator for mps is not a DeviceAllocator", pytorch/pytorch#186430).
+before torch 2.13 ("Allocator for mps is not a DeviceAllocator", pytorch/pytorch#186430). What the
+installed torch lacks is not stood in for: its tests skip under that torch (``XPU_FRACTION``,
+``ACCELERATOR_STATS``), as a user of that torch gets no such figure.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ import torch.xpu.memory
 
 from tests.support.cuda_standins import DeviceProperties, replay
 from tests.support.memory_stats import unflatten
+
+XPU_FRACTION = hasattr(torch.xpu, "get_per_process_memory_fraction")
+"""Whether the installed torch has ``torch.xpu.get_per_process_memory_fraction()`` (2.10 on)."""
+ACCELERATOR_STATS = hasattr(torch, "accelerator") and hasattr(torch.accelerator, "memory_stats")
+"""Whether the installed torch has ``torch.accelerator.memory_stats()`` (2.9 on): MPS is read through it."""
 
 IGPU_FREE_MEMORY = (
     "RuntimeError: The device (Intel(R) Graphics [0xb080]) doesn't support querying the available free "
@@ -70,13 +77,14 @@ class XpuStandIn:
             lambda device=None: DeviceProperties(self._device("get_device_properties", device)["properties"]),
         )
         mp.setattr(torch.xpu, "mem_get_info", mem_get_info)
-        mp.setattr(
-            torch.xpu,
-            "get_per_process_memory_fraction",
-            lambda device=None: float(
-                replay(self._device("get_per_process_memory_fraction", device)["memory_fraction"])
-            ),
-        )
+        if XPU_FRACTION:  # before it, the installed torch has no getter to answer for
+            mp.setattr(
+                torch.xpu,
+                "get_per_process_memory_fraction",
+                lambda device=None: float(
+                    replay(self._device("get_per_process_memory_fraction", device)["memory_fraction"])
+                ),
+            )
         mp.setattr(torch, "__version__", a["torch_version"])
         return self
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry
 
-from memexporter.backends.base import CUDA, DeviceMemory, HostSample, ProcessMemory, device_label
+from memexporter.backends.base import CUDA, DeviceMemory, HostSample, ProcessMemory, Reading, committed, device_label
 from memexporter.collectors.registry import GuardedCatalogue, catalogue
 from memexporter.collectors.scrape import Identity, Sources
 from memexporter.config import Config
@@ -42,6 +42,7 @@ class FakeCuda:
     total: int = 80 * GiB
     free: int = 70 * GiB
     backend: str = "native"
+    expandable: bool = False
     calls: int = 0
     pinned: dict[str, float] = field(default_factory=dict)  # host_memory_stats()
     family: str = CUDA
@@ -59,9 +60,14 @@ class FakeCuda:
     def allocator_backend(self) -> str:
         return self.backend
 
-    def allocated(self, index: int) -> tuple[int, int]:
+    def expandable_segments(self) -> bool:
+        return self.expandable
+
+    def reading(self, index: int) -> Reading:
         s = self.stats[index]
-        return s["allocated_bytes.all.current"], s["allocated_bytes.all.peak"]
+        held = committed(s, self.backend, self.expandable)
+        used = s["allocated_bytes.all.current"]
+        return Reading(used, s["allocated_bytes.all.peak"], used if held is None else held)
 
     def uuid(self, index: int) -> str | None:
         return self.uuids.get(index)
@@ -131,17 +137,19 @@ def one_gpu(**stats_overrides: int) -> tuple[FakeCuda, FakeNvml]:
         uuids={0: "GPU-synthetic-0"},
         pinned=host_memory_stats(512 * MiB, 128 * MiB, 16, 4),
     )
+    # A driver with NVML's v2 memory info: used leaves out the 512 MiB the driver keeps for itself.
     nvml = FakeNvml(
         {
             "GPU-synthetic-0": DeviceMemory(
                 "GPU-synthetic-0",
                 "Synthetic GPU",
                 80 * GiB,
-                10 * GiB,
+                10 * GiB - 512 * MiB,
                 70 * GiB,
                 "00000000:01:00.0",
                 "GPU-synthetic-0",
                 "",
+                reserved=512 * MiB,
             )
         }
     )

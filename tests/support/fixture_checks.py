@@ -24,6 +24,8 @@ ALLOCATOR_KEYS = {
     "device_allocations_total": "num_device_alloc",
     "device_frees_total": "num_device_free",
 }
+# What NVML raises for nvmlDeviceGetMemoryInfo_v2 on a driver without it (the v1 answer counts then).
+NO_V2 = {"NVMLError_FunctionNotFound", "NVMLError_NotSupported", "NVMLError_ArgumentVersionMismatch"}
 ASYNC_MEASURED = {"allocated_bytes", "reserved_bytes", "active_bytes", "peak_allocated_bytes", "peak_reserved_bytes"}
 
 
@@ -93,18 +95,29 @@ def nvml_match(answers: dict[str, Any], torch_uuid: str | None) -> dict[str, Any
 
 
 def expected_series(answers: dict[str, Any], index: str) -> dict[str, float | None]:
-    """``{metric: value or None (no series)}`` on ``cuda:index`` for these answers."""
+    """``{metric: value or None (no series)}`` on ``cuda:index`` for these answers, as the installed
+    torch reports them (no ``num_device_alloc`` before torch 2.3, say)."""
+    from tests.support.cuda_standins import as_installed_reports  # imports torch: only where a scrape runs
+
     dev = answers["devices"][index]
-    stats, backend = dev["memory_stats"], answers["allocator_backend"] or "native"
+    stats, backend = as_installed_reports(dev["memory_stats"]), answers["allocator_backend"] or "native"
     out: dict[str, float | None] = {}
     readable = "raises" not in stats
     for short, key in ALLOCATOR_KEYS.items():
         keep = readable and key in stats and (backend != "cudaMallocAsync" or short in ASYNC_MEASURED)
         out[f"memexporter_allocator_{short}"] = float(stats[key]) if keep else None
     match = nvml_match(answers, dev["properties"].get("uuid"))
-    out["memexporter_device_total_bytes"] = float(match["memory"]["total"]) if match else None
+    # NVML's v2 answer where the driver and nvidia-ml-py gave one (the reservation apart); v1's where
+    # they have none (no answer, or one of the errors that say so); none where v2 failed otherwise.
+    v2 = match.get("memory_v2") if match and answers["nvml"].get("memory_v2_binding", True) else None
+    raised = v2.get("raises", "").partition(":")[0] if isinstance(v2, dict) else ""
+    failed = bool(raised) and raised not in NO_V2
+    mem = None if match is None or failed else v2 if v2 is not None and not raised else match["memory"]
+    out["memexporter_device_total_bytes"] = float(mem["total"]) if mem else None
+    out["memexporter_device_used_bytes"] = float(mem["used"]) if mem else None
+    out["memexporter_device_reserved_bytes"] = float(mem["reserved"]) if mem and "reserved" in mem else None
     out["memexporter_memory_used_bytes"] = float(stats["allocated_bytes.all.current"]) if readable else None
-    free = match["memory"]["free"] if match else None
+    free = mem["free"] if mem else None
     if free is None and "raises" not in (dev["mem_get_info"] or {"raises": ""}):
         free = dev["mem_get_info"][0]
     limit = None if free is None or not readable else float(stats["reserved_bytes.all.current"] + free)

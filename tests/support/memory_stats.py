@@ -1,4 +1,4 @@
-"""The shape of ``torch.cuda.memory_stats()`` per torch version, derived from torch's source.
+"""The shape of ``torch.cuda.memory_stats()`` per torch release, read off torch's own wheels.
 
 A real answer is a nested dict built in C++ (``THCPModule_memoryStats`` in
 ``torch/csrc/cuda/Module.cpp``, from ``DeviceStats`` in ``c10/core/CachingDeviceAllocator.h``),
@@ -8,60 +8,83 @@ which ``torch/cuda/memory.py`` flattens into ~120-150 sorted ``a.b.c`` keys:
   freed}`` (``statArrayToDict``); ``oversize_allocations`` and ``oversize_segments`` are single
   ``Stat``s (``statToDict``); the rest are scalars. ``max_split_size`` is ``SIZE_MAX`` cast to
   int64, so -1 when unset.
-- torch 1.13: eight StatArrays, no ``requested_bytes``, and only ``num_alloc_retries``,
-  ``num_ooms`` and ``max_split_size`` as scalars (Module.cpp of that release).
-- torch 2.13: ``requested_bytes`` as a ninth StatArray, the scalars ``num_sync_all_streams``,
-  ``num_device_alloc``, ``num_device_free`` and ``num_oom_rejections``, and
-  ``reserved_bytes_by_private_pools`` keyed by ``MemPool.id`` tuples, flattened as ``"0_1"``
-  (``DeviceStats`` and the ``memory_stats`` docstring of the 2.13 wheel).
+- torch 1.13: eight StatArrays, and only ``num_alloc_retries``, ``num_ooms`` and ``max_split_size``
+  as scalars (Module.cpp of that release). What later releases added is ``ADDED``: the key names
+  that each release's ``torch/lib/libtorch_python.so`` on PyPI holds, checked for 2.0.1, 2.1.2,
+  2.2.2, 2.3.1, 2.4.1, 2.5.1, 2.11.0, 2.12.0, 2.13.0, 2.14.0 and 2.15.0.
+- ``reserved_bytes_by_private_pools`` (2.13 on) is keyed by ``MemPool.id`` tuples; the
+  ``memory_stats()`` of the same release joins them as ``"0_1"`` (its ``_format_key``). A torch
+  before 2.13 would fail on such a key (``str + tuple``), and never receives one.
 
-Everything here builds SYNTHETIC answers of that exact shape; no number is measured.
+``shape(release)`` is one release's key set. The stand-ins (``cuda_standins.py``) answer a
+fixture's figures in the installed torch's shape (``reported``), so torch's own Python flattens
+what that torch's C++ would have handed it. Everything else here builds SYNTHETIC answers; no
+number is measured.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any
 
 POOLS = ("all", "small_pool", "large_pool")
 FIELDS = ("current", "peak", "allocated", "freed")
-
-STAT_ARRAYS: dict[str, tuple[str, ...]] = {
-    "1.13": (
-        "allocation",
-        "segment",
-        "active",
-        "inactive_split",
-        "allocated_bytes",
-        "reserved_bytes",
-        "active_bytes",
-        "inactive_split_bytes",
-    ),
-    "2.13": (
-        "allocation",
-        "segment",
-        "active",
-        "inactive_split",
-        "allocated_bytes",
-        "reserved_bytes",
-        "active_bytes",
-        "inactive_split_bytes",
-        "requested_bytes",
-    ),
-}
-SCALARS: dict[str, tuple[str, ...]] = {
-    "1.13": ("num_alloc_retries", "num_ooms", "max_split_size"),
-    "2.13": (
-        "num_alloc_retries",
-        "num_ooms",
-        "max_split_size",
-        "num_sync_all_streams",
-        "num_device_alloc",
-        "num_device_free",
-        "num_oom_rejections",
-    ),
-}
 SINGLE_STATS = ("oversize_allocations", "oversize_segments")
-PRIVATE_POOLS = "reserved_bytes_by_private_pools"  # 2.13 only
+PRIVATE_POOLS = "reserved_bytes_by_private_pools"
+
+BASE_ARRAYS = (  # torch 1.13
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+)
+BASE_SCALARS = ("num_alloc_retries", "num_ooms", "max_split_size")  # torch 1.13
+# (release, StatArrays added, scalars added, private pools added), oldest first.
+ADDED: tuple[tuple[tuple[int, int], tuple[str, ...], tuple[str, ...], bool], ...] = (
+    ((2, 0), ("requested_bytes",), (), False),
+    ((2, 3), (), ("num_sync_all_streams", "num_device_alloc", "num_device_free"), False),
+    ((2, 12), (), ("num_oom_rejections",), False),
+    ((2, 13), (), (), True),
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one torch release's ``_cuda_memoryStats`` answers: its StatArrays, its scalars, and
+    whether it has ``reserved_bytes_by_private_pools``."""
+
+    arrays: tuple[str, ...]
+    scalars: tuple[str, ...]
+    private_pools: bool
+
+
+def release(version: str) -> tuple[int, int]:
+    """``"2.11.0+cu130"`` -> ``(2, 11)``; ``"2.13"`` -> ``(2, 13)``."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ValueError(f"not a torch version: {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def shape(version: str) -> Shape:
+    """The key set of torch ``version``'s ``memory_stats()`` (any release from 1.13 on)."""
+    arrays, scalars, pools = list(BASE_ARRAYS), list(BASE_SCALARS), False
+    for since, more_arrays, more_scalars, more_pools in ADDED:
+        if release(version) >= since:
+            arrays += more_arrays
+            scalars += more_scalars
+            pools = pools or more_pools
+    return Shape(tuple(arrays), tuple(scalars), pools)
+
+
+# The two key sets the SYNTHETIC fixtures are written in.
+STAT_ARRAYS: dict[str, tuple[str, ...]] = {v: shape(v).arrays for v in ("1.13", "2.13")}
+SCALARS: dict[str, tuple[str, ...]] = {v: shape(v).scalars for v in ("1.13", "2.13")}
 
 Triple = tuple[int, int, int]  # (current, peak, allocated); freed = allocated - current
 
@@ -86,15 +109,27 @@ def nested(
     private_pools: dict[tuple[int, int], dict[str, dict[str, int]]] | None = None,
 ) -> dict[Any, Any]:
     """A ``memory_stats_as_nested_dict()`` answer of ``version``'s shape; absent arrays are zeros."""
-    unknown = set(arrays) - set(STAT_ARRAYS[version]) | set(scalars) - set(SCALARS[version])
-    if unknown:
-        raise ValueError(f"torch {version} reports no {sorted(unknown)}")
-    out: dict[Any, Any] = {name: scalars.get(name, 0) for name in SCALARS[version]}
-    out.update({name: arrays.get(name, array()) for name in STAT_ARRAYS[version]})
+    keys = shape(version)
+    unknown = set(arrays) - set(keys.arrays) | set(scalars) - set(keys.scalars)
+    if unknown or (private_pools and not keys.private_pools):
+        raise ValueError(f"torch {version} reports no {sorted(unknown) or PRIVATE_POOLS}")
+    out: dict[Any, Any] = {name: scalars.get(name, 0) for name in keys.scalars}
+    out.update({name: arrays.get(name, array()) for name in keys.arrays})
     out.update({name: stat() for name in SINGLE_STATS})
-    if version != "1.13":
+    if keys.private_pools:
         out[PRIVATE_POOLS] = dict(private_pools or {})
     return out
+
+
+def reported(flat: dict[str, int], version: str) -> dict[str, int]:
+    """What torch ``version`` answers of a fixture's flat answer: the keys that release reports.
+
+    A fixture of an older torch keeps its smaller set (the figures it has are all there is); one of a
+    newer torch loses the keys that release never had (torch 2.11 has no ``num_oom_rejections`` and
+    no private pools)."""
+    known = set(flatten(nested(version, {}, {})))
+    pools = shape(version).private_pools
+    return {k: v for k, v in flat.items() if k in known or (pools and k.startswith(PRIVATE_POOLS + "."))}
 
 
 def flatten(stats: dict[Any, Any]) -> dict[str, int]:

@@ -1,11 +1,19 @@
 """A stand-in for the ``pynvml`` module (nvidia-ml-py), replaying a fixture's NVML answers.
 
-Answers are nvidia-ml-py's own types: ``c_nvmlMemory_t`` and ``nvmlPciInfo_t`` structures, the
-``NVMLError_*`` classes NVML's return codes map to, a ``c_uint`` from
-``nvmlDeviceIsMigDeviceHandle``, ``c_nvmlDevice_t`` handles, and the running processes as
+Answers are nvidia-ml-py's own types: ``c_nvmlMemory_t``, ``c_nvmlMemory_v2_t`` and
+``nvmlPciInfo_t`` structures, the ``NVMLError_*`` classes NVML's return codes map to, a ``c_uint``
+from ``nvmlDeviceIsMigDeviceHandle``, ``c_nvmlDevice_t`` handles, and the running processes as
 nvidia-ml-py hands them out (``c_nvmlProcessInfo_v3_t`` turned into its friendly object, an
 unavailable figure as ``None``). Names, UUIDs and the PCI bus id
 come back as ``str`` (nvidia-ml-py >= 11.515) or ``bytes`` (older), as the fixture asks.
+
+Memory: ``nvmlDeviceGetMemoryInfo(handle)`` answers the device's ``memory`` (v1);
+``nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)`` its ``memory_v2`` (total, reserved,
+free, used; the struct's version is the caller's), or raises as the real call does: ``NVMLError_FunctionNotFound`` where the
+device has no ``memory_v2`` (a driver without the symbol, or a fixture recorded before v2 was),
+``NVMLError_ArgumentVersionMismatch`` for another struct version, and whatever ``{"raises":
+"NVMLError_...: ..."}`` says. ``"memory_v2_binding": false`` in the answers is an nvidia-ml-py
+without v2: no ``nvmlMemory_v2``, and the call takes no ``version``.
 """
 
 from __future__ import annotations
@@ -20,6 +28,13 @@ import pynvml
 import pytest
 
 from tests.support.cuda_standins import replay
+
+
+def _replay(value: Any) -> Any:
+    """``replay``, with nvidia-ml-py's own error classes for ``{"raises": "NVMLError_...: ..."}``."""
+    if isinstance(value, dict) and str(value.get("raises", "")).startswith("NVMLError_"):
+        raise getattr(pynvml, value["raises"].partition(":")[0])()
+    return replay(value)
 
 
 class _PciInfoBeforeStr(pynvml.nvmlPciInfo_t):  # type: ignore[misc]
@@ -66,9 +81,9 @@ class NvmlStandIn:
         nvml, dev = self.nvml, self._dev
 
         def record(fn: Any) -> Any:
-            def wrapped(*args: Any) -> Any:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
                 self.calls.append(fn.__name__)
-                return fn(*args)
+                return fn(*args, **kwargs)
 
             setattr(m, fn.__name__, wrapped)
             return wrapped
@@ -107,8 +122,28 @@ class NvmlStandIn:
 
         @record
         def nvmlDeviceGetMemoryInfo(handle: Any, version: Any = None) -> Any:
-            mem = replay(dev(handle)[0]["memory"])
-            return pynvml.c_nvmlMemory_t(total=mem["total"], free=mem["free"], used=mem["used"])
+            answer = dev(handle)[0]
+            if not version:  # nvidia-ml-py's test: v1 unless a version is given
+                mem = _replay(answer["memory"])
+                return pynvml.c_nvmlMemory_t(total=mem["total"], free=mem["free"], used=mem["used"])
+            if "memory_v2" not in answer:  # the binding's lookup of nvmlDeviceGetMemoryInfo_v2 fails
+                raise pynvml.NVMLError_FunctionNotFound()
+            if version != pynvml.nvmlMemory_v2:
+                raise pynvml.NVMLError_ArgumentVersionMismatch()
+            mem = _replay(answer["memory_v2"])
+            return pynvml.c_nvmlMemory_v2_t(
+                version=version, total=mem["total"], reserved=mem["reserved"], free=mem["free"], used=mem["used"]
+            )
+
+        if not nvml.get("memory_v2_binding", True):  # an nvidia-ml-py before v2: def nvmlDeviceGetMemoryInfo(handle)
+            recorded = m.nvmlDeviceGetMemoryInfo
+
+            def v1_only(handle: Any) -> Any:
+                return recorded(handle)
+
+            m.nvmlDeviceGetMemoryInfo = v1_only  # type: ignore[attr-defined]
+        else:
+            m.nvmlMemory_v2 = pynvml.nvmlMemory_v2  # type: ignore[attr-defined]
 
         @record
         def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[Any]:

@@ -93,6 +93,25 @@ def promtool_check_exprs(exprs: Mapping[str, str]) -> subprocess.CompletedProces
         )
 
 
+def promtool_expr_test(
+    expr: str, series: list[dict[str, str]], samples: list[dict[str, Any]], at: str = "2m"
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``promtool test rules``: ``expr`` over ``series`` (its ``input_series``, one
+    sample a minute) must answer ``samples`` (its ``exp_samples``) at ``at``. The result's
+    ``returncode`` is 0 when it does; when not, stdout says what it got."""
+    promtool = require("promtool")
+    with tempfile.TemporaryDirectory(prefix="memexporter-promql-") as tmp:
+        rules, tests = Path(tmp) / "none.rules.yml", Path(tmp) / "expr.test.yml"
+        rules.write_text("groups: []\n", encoding="utf-8")
+        test = {"interval": "1m", "input_series": series}
+        test["promql_expr_test"] = [{"expr": expr, "eval_time": at, "exp_samples": samples}]
+        doc = {"rule_files": [rules.name], "evaluation_interval": "1m", "tests": [test]}
+        tests.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        return subprocess.run(
+            [promtool, "test", "rules", str(tests)], capture_output=True, text=True, timeout=60, check=False, cwd=tmp
+        )
+
+
 def rule_exprs(paths: Iterable[Path]) -> dict[str, str]:
     """``{"file:group:name": expr}`` for every recording and alerting rule in ``paths``."""
     out: dict[str, str] = {}

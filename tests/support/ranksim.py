@@ -37,7 +37,9 @@ FOLLOWS = {
     f"memexporter_{n}": 1
     for n in (
         "memory_used_bytes",
+        "memory_committed_bytes",
         "memory_peak_bytes",
+        "memory_committed_peak_bytes",
         "memory_baseline_bytes",
         "allocator_allocated_bytes",
         "allocator_active_bytes",
@@ -53,7 +55,9 @@ FOLLOWS["memexporter_device_free_bytes"] = -1
 CPU_FOLLOWS = frozenset(
     {
         "memexporter_memory_used_bytes",
+        "memexporter_memory_committed_bytes",
         "memexporter_memory_peak_bytes",
+        "memexporter_memory_committed_peak_bytes",
         "memexporter_memory_baseline_bytes",
         "memexporter_host_rss_bytes",
     }
@@ -176,7 +180,8 @@ class RankSim:
         if name == "memexporter_leak_bytes_per_step":
             return Trajectory(value, leak, self.leak_rate * step)
         if name == "memexporter_oom_eta_seconds":
-            limit, peak = (_value(tpl, f"memexporter_memory_{k}_bytes", "cuda:0") for k in ("limit", "peak"))
+            # The committed peak fills the limit (an exporter's ETA runs to it).
+            limit, peak = (_value(tpl, f"memexporter_memory_{k}_bytes", "cuda:0") for k in ("limit", "committed_peak"))
             return Trajectory(value, leak, (limit - peak - off) / self.leak_rate, -1.0)
         return Trajectory(value)
 

@@ -345,7 +345,7 @@ def demo_young() -> str:
     who = "Rank 0 of job memexporter on 127.0.0.1:9400 (cpu)"
     checks = (
         "    alert_rule_test:\n"
-        "      # The exporter reports the slope from 12s (5 s of warm-up, then 32 steps); the peak passes 50% at\n"
+        "      # The exporter reports the slope from 10s (20 warm-up steps, then 32); the peak passes 50% at\n"
         f"      # 49s. The warning fires at 79s, {end - 79:.0f} s before the demo stops at {end:.0f}s; Alertmanager's chat\n"
         "      # route waits its group_wait of 30s, so it reaches the webhook ~60 s before (acceptance: 30).\n"
         + expect("MemexporterOOMPredicted", "1m18s")

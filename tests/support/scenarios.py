@@ -28,6 +28,7 @@ from tests.support import REPO_ROOT
 from tests.support.end_scenarios import GENERATED as ENDS
 from tests.support.run_scenarios import GENERATED as RUNS
 from tests.support.scenario_defs import GENERATED
+from tests.support.trace_scenarios import GENERATED as FROM_TRACES
 from tests.support.traces import Value, decode, encode
 
 ALERTS_TESTS = REPO_ROOT / "alerts" / "tests"
@@ -128,7 +129,7 @@ def _seconds(duration: str) -> float:
 def renderings() -> dict[Path, str]:
     """Every scenario file this module owns, as it should be on disk."""
     out = {path: rederive(path.read_text(encoding="utf-8")) for path in HAND_WRITTEN}
-    for path, render in {**GENERATED, **RUNS, **ENDS}.items():
+    for path, render in {**GENERATED, **RUNS, **ENDS, **FROM_TRACES}.items():
         out[path] = render()
     return out
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from memexporter.oom.trend import TrendWindow, estimate
 
-Step = tuple[float, float, float]  # seconds since the trace start, baseline bytes, peak bytes
+Step = tuple[float, ...]  # seconds since the trace start, baseline bytes, peak bytes[, committed bytes]
 Value = float | None  # None: no sample (a blank), math.nan: the stale marker
 
 
@@ -47,6 +47,7 @@ class Process:
     used: bool = False  # memexporter_memory_used_bytes, scraped mid-step: halfway from baseline to peak
     ended: dict[str, str] | None = None  # the helper's memexporter_job_end_info labels (cause, exit_code, signal)
     grace: float = 65.0  # seconds the helper serves after the end
+    committed: bool = False  # memexporter_memory_committed_peak_bytes: from each step's 4th figure
 
     @property
     def end(self) -> float:
@@ -128,17 +129,19 @@ def _scrape_process(out: Scraped, p: Process, later: list[Process]) -> None:
                     out.put("memexporter_run_info", info, k, math.nan)
                 if p.used:
                     out.put("memexporter_memory_used_bytes", labels, k, math.nan)
+                if p.committed:
+                    out.put("memexporter_memory_committed_peak_bytes", labels, k, math.nan)
                 if p.build_info:
                     out.put("memexporter_build_info", build, k, math.nan)
                 done = -1
             out.put("up", target, k, math.nan if p.gone else 0.0)
             continue
         while done < len(p.steps) and p.steps[done][0] <= t + 1e-9:
-            when, base, peak = p.steps[done]
+            when, base, peak, *held = p.steps[done]
             done += 1
-            window.add(done, when, base, peak)
+            window.add(done, when, base, peak, held[0] if held else None)
         if k in p.failed or k in p.missing:  # a failed scrape, or series gone from it: stale markers
-            for name in _GAUGES:
+            for name in _GAUGES + (("memexporter_memory_committed_peak_bytes",) if p.committed else ()):
                 out.put(name, labels, k, math.nan if done else None)
             out.put("memexporter_steps_total", rank_labels, k, math.nan)
             if p.run_id:  # a failed scrape loses it too; a failing trend collector does not
@@ -156,6 +159,8 @@ def _scrape_process(out: Scraped, p: Process, later: list[Process]) -> None:
         }
         if p.used:
             values["memexporter_memory_used_bytes"] = (est.baseline_bytes + est.peak_bytes) / 2
+        if p.committed:
+            values["memexporter_memory_committed_peak_bytes"] = est.committed_peak_bytes
         for name, value in values.items():
             out.put(name, labels, k, value if done else None)
         out.put("memexporter_steps_total", rank_labels, k, float(done))

@@ -4,8 +4,12 @@ Two sets, kept apart:
 - tests/fixtures/synthetic/*.json: SYNTHETIC, made up in the exact shape torch's source gives
   (tests/support/synthetic_fixtures.py); they always run.
 - tests/fixtures/recorded/*.json: recorded on a real GPU by tests/cuda/record_fixtures.py
-  (scripts/gpu-check.sh), each naming its GPU and torch; skipped, with that reason, while none
-  has been recorded.
+  (scripts/gpu-check.sh), each naming its GPU and torch (an NVIDIA H200 on torch 2.11, 2026-11-27:
+  ../shared/gpu/h200-2026-11-27). Only the top-level files: traces/ below holds per-step traces.
+
+Every scrape runs the installed torch's own memory_stats() over the answers as that torch reports
+them (tests/support/cuda_standins.py), so the suite checks the same files under each torch version
+that scripts/torch_versions.py runs.
 """
 
 from __future__ import annotations
@@ -14,14 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cuda_standins import load
+from tests.support.cuda_standins import load, recorded_files
 from tests.support.fixture_checks import check_mapping, inconsistencies, torch_version_of
 from tests.support.memory_stats import PRIVATE_POOLS, flatten, nested
 from tests.support.synthetic_fixtures import FIXTURES, SYNTHETIC_DIR, render
 
-RECORDED_DIR = SYNTHETIC_DIR.parent / "recorded"
 SYNTHETIC = [pytest.param(p, id=p.name) for p in sorted(SYNTHETIC_DIR.glob("*.json"))]
-RECORDED = [pytest.param(p, id=p.name) for p in sorted(RECORDED_DIR.glob("*.json"))] or [
+RECORDED = [pytest.param(p, id=p.name) for p in recorded_files()] or [
     pytest.param(
         None,
         id="none-recorded",
@@ -63,6 +66,26 @@ def test_recorded_fixture_names_its_gpu_and_torch(path: Path) -> None:
         "a recorded fixture names its GPU and torch"
     )
     assert rec["torch_version"] == record["answers"]["torch_version"]
+
+
+@pytest.mark.parametrize("path", RECORDED)
+def test_recorded_answers_have_the_key_set_of_their_torch(path: Path) -> None:
+    # What the GPU answered is the key set memory_stats.shape() gives its release: the table the
+    # stand-ins answer every other torch's shape from, checked against a real one.
+    answers = load(path)["answers"]
+    for dev in answers["devices"].values():
+        keys = {k for k in dev["memory_stats"] if not k.startswith(PRIVATE_POOLS)}
+        assert keys == set(flatten(nested(answers["torch_version"], {}, {}))), path.name
+
+
+def test_only_the_top_level_answer_files_are_fixtures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tests.support.cuda_standins as standins
+
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "trace-native-8mib.json").write_text("{}")
+    (tmp_path / "h200_native.json").write_text("{}")
+    monkeypatch.setattr(standins, "RECORDED_DIR", tmp_path)
+    assert standins.recorded_files() == [tmp_path / "h200_native.json"]
 
 
 @pytest.mark.parametrize("path", SYNTHETIC + RECORDED)

@@ -18,14 +18,18 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
+from memexporter.oom.advice import Advice
 from memexporter.tracking.history import History
 from memexporter.units import fmt_bytes, fmt_duration
 
 TOP_MODULES = 15
 _DEVICE = (
     "memory_used_bytes",
+    "memory_committed_bytes",
     "memory_limit_bytes",
     "memory_peak_bytes",
+    "memory_committed_peak_bytes",
+    "allocator_recoverable_bytes",
     "memory_baseline_bytes",
     "leak_rate_bytes_per_second",
     "leak_bytes_per_step",
@@ -49,6 +53,14 @@ def in_words(device: Mapping[str, float | None]) -> str:
     per_step = device.get("leak_bytes_per_step")
     pace = f"{fmt_bytes(rate)}/s" + (f" ({fmt_bytes(per_step)} per step)" if per_step else "")
     return f"memory held between steps grows {pace}; at this rate the peak reaches the limit in {fmt_duration(eta)}"
+
+
+def advice_in_words(device: str, figures: Mapping[str, float | None]) -> str | None:
+    """The remedy for stranded memory, when ``allocator_recoverable_bytes`` names some (``oom.advice``)."""
+    recoverable, limit = figures.get("allocator_recoverable_bytes"), figures.get("memory_limit_bytes")
+    if not recoverable or not limit:
+        return None
+    return Advice(device, recoverable, limit).describe()
 
 
 def _finite(v: float) -> float | None:
@@ -81,6 +93,7 @@ def document(samples: Iterable[tuple[str, dict[str, str], float]], history: Hist
             "device": dev,
             **{k: _finite(v) for k, v in figures.items() if v is not None},
             "in_words": in_words(figures),
+            "advice": advice_in_words(dev, figures),
             "history": [[p.time, *p.devices[dev]] for p in points if dev in p.devices],
         }
         for dev, figures in sorted(devices.items(), key=lambda kv: (kv[0] == "cpu", kv[0]))

@@ -1,5 +1,6 @@
 """Fixtures of the framework tests: an exporter on a loopback port that counts every step and
-records every grad-enabled forward, and no tracked model left behind."""
+records every grad-enabled forward, and no tracked model left behind (``clean``: nor any exporter,
+for the callback tests)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ def untrack_all() -> Iterator[None]:
     yield
     for h in list(active_handles()):
         h.remove()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def clean(no_exporter: None, untrack_all: None) -> None:
+    """No exporter and no tracked model before or after; the callback must leave none behind."""
 
 
 @pytest.fixture

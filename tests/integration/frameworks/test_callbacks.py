@@ -1,7 +1,7 @@
 """The framework callbacks (issue 23): ``memexporter.integrations.lightning`` and ``.transformers``
 under real ``Trainer`` runs on CPU.
 
-What is asserted, from ``/metrics`` read during and after the runs:
+What is asserted here, from ``/metrics`` read during and after the runs:
 
 - the step count is the trainer's global step under gradient accumulation;
 - each validation/evaluation loop (Lightning's sanity check included), each checkpoint save and
@@ -9,20 +9,20 @@ What is asserted, from ``/metrics`` read during and after the runs:
 - an evaluation that holds a known 64 MiB buffer has a phase peak that much above the training
   phase's (RSS-based: ``ru_maxrss`` when the evaluation sets a new lifetime high, else samples),
   and the training steps after it report their own peak, not the evaluation's (the issue's bug);
-- a port that cannot be bound, or a memexporter function that raises, never stops training;
-- ``save_checkpoint_on_oom_risk`` writes a checkpoint before a leaking run reaches its limit, and
-  never in a healthy run;
 - ``import memexporter`` imports no framework.
+
+Beside it: a port that cannot be bound, or a memexporter function that raises, never stops training
+(test_callbacks_never_raise.py); ``save_checkpoint_on_oom_risk`` writes a checkpoint before a leaking
+run reaches its limit, and never in a healthy run (test_callbacks_oom_risk.py); the loops outside
+training and an exception (test_callbacks_loops.py). The runs they share (data, models, trainers):
+tests/support/callback_trainers.py; the ``clean`` fixture: conftest.py.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,37 +31,38 @@ import pytest
 import memexporter
 from memexporter import exporter as mx_exporter
 from memexporter.tracking.modules import active_handles, hook_errors
+from tests.support.callback_trainers import (
+    BATCH,
+    HF_ACCUM,
+    HF_EPOCHS,
+    HF_EVAL_EVERY,
+    HF_EVAL_ROWS,
+    HF_SAVE_EVERY,
+    HF_TRAIN_ROWS,
+    L_ACCUM,
+    L_EPOCHS,
+    L_SAVE_EVERY,
+    L_TRAIN_ROWS,
+    L_VAL_EVERY,
+    L_VAL_ROWS,
+    MARKS,
+    MiB,
+    hf_args,
+    hf_dataset,
+    l_loader,
+    l_trainer,
+    lightning,
+    make_module,
+    ones,
+    tiny_gpt2,
+    transformers,
+)
 from tests.support.frameworks import Samples, read_samples
 from tests.support.ports import free_port
 
-pytestmark = [
-    pytest.mark.integration,
-    # lightning 2.6 on torch 2.13: lightning's own pytree helper uses a deprecated torch name. Not ours.
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    # The risk and exception runs train without a validation loader: Lightning says so. Expected.
-    pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`"),
-]
+pytestmark = MARKS
 
-torch = pytest.importorskip("torch", reason="needs torch")
-psutil = pytest.importorskip("psutil", reason="needs psutil")
-nn = torch.nn
-F = torch.nn.functional
-
-MiB = 1 << 20
 EVAL_EXTRA = 64 * MiB  # held by every evaluation loop, allocated with torch.ones: resident pages
-
-
-def rss() -> int:
-    return int(psutil.Process().memory_info().rss)
-
-
-@pytest.fixture
-def clean(no_exporter: None, untrack_all: None) -> None:
-    """No exporter and no tracked model before or after; the callback must leave none behind."""
-
-
-def ones(nbytes: int) -> Any:
-    return torch.ones(nbytes // 4, dtype=torch.float32)
 
 
 def check_phases_and_peaks(got: Samples, steps: list[tuple[int, bool, Samples]], evaluation: str) -> None:
@@ -92,74 +93,6 @@ def check_phases_and_peaks(got: Samples, steps: list[tuple[int, bool, Samples]],
 
 
 # --- Lightning ----------------------------------------------------------------------------------
-
-D_IN, D_OUT, BATCH = 16, 4, 4
-L_TRAIN_ROWS, L_VAL_ROWS = 48, 8  # 12 batches an epoch
-L_ACCUM, L_EPOCHS, L_VAL_EVERY, L_SAVE_EVERY = 2, 2, 4, 4  # validate every 4 batches, save every 4 steps
-
-
-def lightning() -> Any:
-    return pytest.importorskip("lightning", reason="needs lightning (pip install -e .[frameworks])")
-
-
-def l_loader(n: int, seed: int) -> Any:
-    g = torch.Generator().manual_seed(seed)
-    data = torch.utils.data.TensorDataset(torch.randn(n, D_IN, generator=g), torch.randn(n, D_OUT, generator=g))
-    return torch.utils.data.DataLoader(data, batch_size=BATCH)
-
-
-def make_module(L: Any, eval_extra: int = 0, leak: int = 0, step_sleep: float = 0.0) -> Any:
-    class Regressor(L.LightningModule):  # type: ignore[misc]
-        """``eval_extra``: bytes held from a validation loop's first batch to its epoch end;
-        ``leak``: bytes kept for good at every training batch; ``step_sleep``: seconds per batch."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(D_IN, 32), nn.GELU(), nn.Linear(32, D_OUT))
-            self.extra: Any = None
-            self.leaked: list[Any] = []
-            self.val_loops = 0
-
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            if leak:
-                self.leaked.append(ones(leak))
-            if step_sleep:
-                time.sleep(step_sleep)
-            x, y = batch
-            return F.mse_loss(self.net(x), y)
-
-        def on_validation_start(self) -> None:  # after the callbacks' (which open the phase)
-            self.val_loops += 1
-
-        def validation_step(self, batch: Any, batch_idx: int) -> None:
-            if batch_idx == 0 and eval_extra:
-                self.extra = ones(eval_extra)
-            x, y = batch
-            self.log("val_loss", F.mse_loss(self.net(x), y))
-
-        def on_validation_epoch_end(self) -> None:
-            self.extra = None
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-    torch.manual_seed(0)
-    return Regressor()
-
-
-def l_trainer(L: Any, tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> Any:
-    opts: dict[str, Any] = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "max_epochs": L_EPOCHS,
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "enable_checkpointing": False,
-        "default_root_dir": str(tmp_path),
-    }
-    opts.update(kwargs)
-    return L.Trainer(callbacks=callbacks, **opts)
 
 
 class LProbe:
@@ -247,55 +180,6 @@ def test_lightning_callback_steps_phases_and_peaks(tmp_path: Path, clean: None) 
 
 
 # --- Hugging Face ---------------------------------------------------------------------------------
-
-SEQ, VOCAB = 16, 64
-HF_TRAIN_ROWS, HF_EVAL_ROWS = 48, 8  # 12 micro-batches an epoch, 6 optimizer steps
-HF_ACCUM, HF_EPOCHS, HF_EVAL_EVERY, HF_SAVE_EVERY = 2, 2, 2, 3
-
-
-def transformers() -> Any:
-    return pytest.importorskip("transformers", reason="needs transformers (pip install -e .[frameworks])")
-
-
-def hf_dataset(n: int, seed: int) -> Any:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (n, SEQ), generator=g)
-
-    class Tokens(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
-        def __len__(self) -> int:
-            return n
-
-        def __getitem__(self, i: int) -> dict[str, Any]:
-            return {"input_ids": ids[i], "labels": ids[i]}
-
-    return Tokens()
-
-
-def tiny_gpt2(T: Any) -> Any:
-    cfg = T.GPT2Config(
-        n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ, bos_token_id=0, eos_token_id=0
-    )
-    torch.manual_seed(0)
-    return T.GPT2LMHeadModel(cfg)
-
-
-def hf_args(T: Any, tmp_path: Path, **kwargs: Any) -> Any:
-    opts: dict[str, Any] = {
-        "output_dir": str(tmp_path / "out"),
-        "per_device_train_batch_size": BATCH,
-        "per_device_eval_batch_size": BATCH,
-        "num_train_epochs": HF_EPOCHS,
-        "logging_strategy": "no",
-        "save_strategy": "no",
-        "eval_strategy": "no",
-        "report_to": [],
-        "use_cpu": True,
-        "disable_tqdm": True,
-        "dataloader_num_workers": 0,
-        "seed": 0,
-    }
-    opts.update(kwargs)
-    return T.TrainingArguments(**opts)
 
 
 class HFProbe:
@@ -385,321 +269,6 @@ def test_transformers_callback_steps_phases_and_peaks(tmp_path: Path, clean: Non
     assert probe.saves == len(folders) == state.global_step // HF_SAVE_EVERY, folders
     assert got.need("memexporter_phase_completed_total", phase="checkpoint") == probe.saves
     check_phases_and_peaks(got, probe.steps, "an evaluation")
-
-
-# --- Never raising into training ------------------------------------------------------------------
-
-
-def run_small(framework: str, tmp_path: Path, callback_kwargs: dict[str, Any]) -> tuple[int, int, Any]:
-    """A short run of ``framework`` with the callback: (global step, expected global step, the
-    exporter that ran during training)."""
-    seen: list[Any] = []
-    if framework == "lightning":
-        L = lightning()
-        from memexporter.integrations.lightning import MemexporterCallback as LCallback
-
-        class Seen(L.Callback):  # type: ignore[misc,name-defined]
-            def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-                seen.append(mx_exporter.running())
-
-        trainer = l_trainer(
-            L,
-            tmp_path,
-            [LCallback(**callback_kwargs), Seen()],
-            max_epochs=1,
-            accumulate_grad_batches=2,
-            val_check_interval=4,
-        )
-        trainer.fit(make_module(L), l_loader(L_TRAIN_ROWS, 1), l_loader(L_VAL_ROWS, 2))
-        return trainer.global_step, L_TRAIN_ROWS // BATCH // 2, seen[0]
-    T = transformers()
-    from memexporter.integrations.transformers import MemexporterCallback as HFCallback
-
-    class HFSeen(T.TrainerCallback):  # type: ignore[misc,name-defined]
-        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            seen.append(mx_exporter.running())
-
-    args = hf_args(
-        T,
-        tmp_path,
-        num_train_epochs=1,
-        gradient_accumulation_steps=2,
-        eval_strategy="steps",
-        eval_steps=2,
-        save_strategy="steps",
-        save_steps=3,
-    )
-    trainer = T.Trainer(
-        model=tiny_gpt2(T),
-        args=args,
-        train_dataset=hf_dataset(HF_TRAIN_ROWS, 1),
-        eval_dataset=hf_dataset(HF_EVAL_ROWS, 2),
-        callbacks=[HFSeen(), HFCallback(**callback_kwargs)],
-    )
-    trainer.train()
-    return trainer.state.global_step, HF_TRAIN_ROWS // BATCH // 2, seen[0]
-
-
-@pytest.mark.parametrize("framework", ["lightning", "transformers"])
-def test_port_taken_training_goes_on(
-    tmp_path: Path, clean: None, caplog: pytest.LogCaptureFixture, framework: str
-) -> None:
-    """The base port is held by another socket: the exporter logs that it cannot serve (the
-    default ``strict=False``), the run trains to its last step, and the callback still stops the
-    exporter it started."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen(1)
-        port = holder.getsockname()[1]
-        with caplog.at_level(logging.ERROR, logger="memexporter"):
-            steps, expected, seen = run_small(framework, tmp_path, {"port": port, "addr": "127.0.0.1"})
-    assert steps == expected
-    assert seen is not None and seen.url is None, seen
-    assert any(f"port {port} is already in use" in r.getMessage() for r in caplog.records), caplog.text
-    assert mx_exporter.running() is None
-
-
-@pytest.mark.parametrize("framework", ["lightning", "transformers"])
-def test_port_taken_with_strict_raises(tmp_path: Path, clean: None, framework: str) -> None:
-    """``strict=True`` asks ``start()`` to raise when the port is taken: the callback lets that one
-    error through (Lightning: out of ``fit``; Hugging Face: out of the ``Trainer``'s constructor)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen(1)
-        port = holder.getsockname()[1]
-        with pytest.raises(OSError, match="already in use"):
-            run_small(framework, tmp_path, {"port": port, "addr": "127.0.0.1", "strict": True})
-    assert mx_exporter.running() is None
-    assert not active_handles()
-
-
-@pytest.mark.parametrize("framework", ["lightning", "transformers"])
-def test_memexporter_failures_never_reach_training(
-    tmp_path: Path, clean: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, framework: str
-) -> None:
-    """``memexporter.phase`` and ``memexporter.step`` raise on every call: the run trains to its
-    last step; the failures are counted in ``memexporter_hook_errors_total`` and logged once."""
-
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("broken on purpose")
-
-    monkeypatch.setattr(memexporter, "phase", broken)
-    monkeypatch.setattr(memexporter, "step", broken)
-    errors = hook_errors()
-    with caplog.at_level(logging.ERROR, logger="memexporter"):
-        steps, expected, seen = run_small(framework, tmp_path, {"port": 0, "addr": "127.0.0.1"})
-    assert steps == expected
-    assert seen is not None
-    assert hook_errors() - errors >= expected, "the failures were not counted"
-    logged = [r for r in caplog.records if r.exc_info and "broken on purpose" in str(r.exc_info[1])]
-    assert len(logged) == 1, [r.getMessage() for r in logged]
-    assert mx_exporter.running() is None
-    assert not active_handles()
-
-
-# --- The OOM-risk checkpoint ----------------------------------------------------------------------
-
-# The risk is judged once a second; its forecast needs the leak rate, which needs 5 s and 32 steps
-# after the warm-up (memexporter/oom/window.py): at 20 steps a second, about step 130 and 6.5 s. The budget
-# gives the leak 192 steps (~10 s) to the simulated OOM. The 97 % "headroom" judgement alone would
-# come too late here: 3 % of the budget is under a second of this leak.
-LEAK = 1 * MiB  # kept for good at every batch (Lightning: one batch is one step here)
-HEADROOM = 192 * MiB  # the budget above the RSS at the start
-RISK_STEP_S = 0.05  # seconds a batch
-HEALTHY_STEPS = 160  # a healthy run as long as the leaking one takes to its risk
-
-
-class SimulatedOom:
-    """Stops the run when the RSS passes the budget (the OOM this test stands in for), noting the
-    step and the oom-risk checkpoints already written."""
-
-    def __init__(self, limit: int, ckpt_dir: Path) -> None:
-        self.limit, self.ckpt_dir = limit, ckpt_dir
-        self.oom_step: int | None = None
-        self.files_at_oom: list[Path] = []
-
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.oom_step is None and rss() > self.limit:
-            self.oom_step = trainer.global_step
-            self.files_at_oom = sorted(self.ckpt_dir.glob("oom-risk-*.ckpt"))
-            trainer.should_stop = True
-
-
-@pytest.mark.parametrize("leaking", [True, False], ids=["leaking", "healthy"])
-def test_lightning_checkpoint_on_oom_risk(
-    tmp_path: Path, clean: None, caplog: pytest.LogCaptureFixture, leaking: bool
-) -> None:
-    """``save_checkpoint_on_oom_risk=True`` with ``memory_limit_bytes`` 192 MiB above the RSS at the
-    start. Leaking 1 MiB a step, the run writes ``oom-risk-step=<N>.ckpt`` (loadable, with the
-    model's weights) into the ``ModelCheckpoint``'s folder, and logs why and where, before its RSS
-    passes the budget. Without the leak, a run as long writes none."""
-    L = lightning()
-    from memexporter.integrations.lightning import MemexporterCallback
-
-    ckpt_dir = tmp_path / "ckpt"
-    module = make_module(L, leak=LEAK if leaking else 0, step_sleep=RISK_STEP_S)
-    limit = rss() + HEADROOM
-    oom = type("Oom", (SimulatedOom, L.Callback), {})(limit, ckpt_dir)
-    callback = MemexporterCallback(
-        port=0, addr="127.0.0.1", save_checkpoint_on_oom_risk=True, memory_limit_bytes=limit, warmup_steps=0
-    )
-    saver = L.pytorch.callbacks.ModelCheckpoint(dirpath=str(ckpt_dir), save_top_k=0)  # only gives the folder
-    max_steps = int(1.5 * HEADROOM / LEAK) if leaking else HEALTHY_STEPS
-    trainer = l_trainer(
-        L,
-        tmp_path,
-        [callback, oom, saver],
-        max_steps=max_steps,
-        max_epochs=-1,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        enable_checkpointing=True,
-    )
-    with caplog.at_level(logging.WARNING, logger="memexporter"):
-        trainer.fit(module, l_loader(4 * BATCH, 1))
-    written = sorted(ckpt_dir.glob("oom-risk-*.ckpt"))
-    warnings = [r.getMessage() for r in caplog.records if "saving a checkpoint" in r.getMessage()]
-
-    if not leaking:
-        assert oom.oom_step is None
-        assert trainer.global_step == max_steps
-        assert written == [], written
-        assert warnings == []
-        return
-    assert oom.oom_step is not None, f"the leak never passed the budget in {trainer.global_step} steps"
-    assert len(oom.files_at_oom) == 1, f"no oom-risk checkpoint before the simulated OOM at step {oom.oom_step}"
-    (path,) = oom.files_at_oom
-    saved_at = int(path.stem.split("=")[1])
-    print(f"oom-risk checkpoint at step {saved_at}, simulated OOM at step {oom.oom_step}")
-    assert saved_at < oom.oom_step
-    assert written == [path], "one checkpoint per risk episode"
-    state = torch.load(path, weights_only=False)
-    assert state["global_step"] == saved_at
-    assert set(state["state_dict"]) == set(module.state_dict())
-    assert len(warnings) == 1 and str(path) in warnings[0], warnings
-
-
-def test_transformers_oom_risk_sets_should_save(tmp_path: Path, clean: None, caplog: pytest.LogCaptureFixture) -> None:
-    """An OOM risk noted at step 3 (a risk function called by hand: the judgement itself is the
-    Lightning test's) makes the ``Trainer`` save its usual ``checkpoint-3`` right after that step,
-    with ``save_strategy="no"``, and the callback logs why and where; no other checkpoint."""
-    T = transformers()
-    from memexporter.integrations.transformers import MemexporterCallback
-    from memexporter.oom import risk
-
-    class RiskAtStep3(T.TrainerCallback):  # type: ignore[misc,name-defined]
-        """Before the memexporter callback in the list: its on_step_end runs first."""
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if state.global_step == 3:
-                for fn in risk.registered():
-                    fn(risk.OomRisk("cpu", 9e8, 9.5e8, 1e9, 60.0, "forecast", "step", 3))
-
-    args = hf_args(T, tmp_path, num_train_epochs=1, gradient_accumulation_steps=2)
-    callback = MemexporterCallback(port=0, addr="127.0.0.1", save_checkpoint_on_oom_risk=True)
-    trainer = T.Trainer(
-        model=tiny_gpt2(T), args=args, train_dataset=hf_dataset(HF_TRAIN_ROWS, 1), callbacks=[RiskAtStep3(), callback]
-    )
-    with caplog.at_level(logging.WARNING, logger="memexporter"):
-        trainer.train()
-    out = tmp_path / "out"
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
-    assert (out / "checkpoint-3" / "trainer_state.json").is_file()
-    warnings = [r.getMessage() for r in caplog.records if "saving a checkpoint" in r.getMessage()]
-    assert len(warnings) == 1 and str(out / "checkpoint-3") in warnings[0], warnings
-    assert not risk.registered(), "the callback left its risk function registered"
-
-
-# --- Other loops, and an exception ----------------------------------------------------------------
-
-
-def test_lightning_test_and_predict_phases(tmp_path: Path, clean: None) -> None:
-    """``trainer.validate``, ``.test`` and ``.predict`` each give one completed phase (``eval``,
-    ``test``, ``predict``); with the exporter started by the user, the callback leaves it running."""
-    L = lightning()
-    from memexporter.integrations.lightning import MemexporterCallback
-
-    exp = memexporter.start(port=0, addr="127.0.0.1")
-    assert exp.url is not None
-    module = make_module(L)
-    module.test_step = module.validation_step
-    module.predict_step = lambda batch, batch_idx: module.net(batch[0])
-    trainer = l_trainer(L, tmp_path, [MemexporterCallback()])
-    loader = l_loader(L_VAL_ROWS, 2)
-    trainer.validate(module, loader, verbose=False)
-    trainer.test(module, loader, verbose=False)
-    trainer.predict(module, loader)
-    got = read_samples(exp.url)
-    assert mx_exporter.running() is exp
-    assert not active_handles()
-    for phase in ("eval", "test", "predict"):
-        assert got.need("memexporter_phase_completed_total", phase=phase) == 1, phase
-        assert got.need("memexporter_phase_active", phase=phase) == 0, phase
-
-
-def test_transformers_evaluate_and_predict_outside_train(tmp_path: Path, clean: None) -> None:
-    """``trainer.evaluate()`` and ``trainer.predict()`` without ``train()``: the exporter the
-    callback started when the ``Trainer`` was built sees one ``eval`` and one ``predict`` phase."""
-    T = transformers()
-    from memexporter.integrations.transformers import MemexporterCallback
-
-    trainer = T.Trainer(
-        model=tiny_gpt2(T),
-        args=hf_args(T, tmp_path),
-        eval_dataset=hf_dataset(HF_EVAL_ROWS, 2),
-        callbacks=[MemexporterCallback(port=0, addr="127.0.0.1")],
-    )
-    exp = mx_exporter.running()
-    assert exp is not None and exp.url, "on_init_end started no exporter"
-    trainer.evaluate()
-    trainer.predict(hf_dataset(HF_EVAL_ROWS, 3))
-    got = read_samples(exp.url)
-    assert got.need("memexporter_phase_completed_total", phase="eval") == 1
-    assert got.need("memexporter_phase_completed_total", phase="predict") == 1
-    for phase in ("eval", "predict"):
-        assert got.need("memexporter_phase_active", phase=phase) == 0, phase
-
-
-def test_lightning_exception_releases_everything(tmp_path: Path, clean: None) -> None:
-    """A ``training_step`` that raises: Lightning skips the callbacks' ``teardown`` and calls
-    ``on_exception``, where the callback closes its phases, untracks, unwraps
-    ``trainer.save_checkpoint`` and stops its exporter; the exception reaches the caller unchanged."""
-    L = lightning()
-    from memexporter.integrations.lightning import MemexporterCallback
-
-    module = make_module(L)
-    step = module.training_step
-
-    def failing(batch: Any, batch_idx: int) -> Any:
-        if batch_idx == 3:
-            raise RuntimeError("out of memory (simulated)")
-        return step(batch, batch_idx)
-
-    module.training_step = failing
-    trainer = l_trainer(L, tmp_path, [MemexporterCallback(port=0, addr="127.0.0.1")])
-    with pytest.raises(RuntimeError, match="simulated"):
-        trainer.fit(module, l_loader(L_TRAIN_ROWS, 1))
-    assert mx_exporter.running() is None
-    assert not active_handles()
-    assert "save_checkpoint" not in vars(trainer)
-
-
-def test_pytorch_lightning_trainer_takes_the_callback(tmp_path: Path, clean: None) -> None:
-    """With both packages installed the callback is a ``lightning.pytorch.Callback``; the
-    ``pytorch_lightning`` ``Trainer`` calls its hooks all the same (it checks no callback's class):
-    steps == ``global_step``, one eval phase per validation loop."""
-    PL = pytest.importorskip("pytorch_lightning", reason="needs pytorch_lightning")
-    from memexporter.integrations.lightning import MemexporterCallback
-
-    exp = memexporter.start(port=0, addr="127.0.0.1")
-    assert exp.url is not None
-    module = make_module(PL)
-    trainer = l_trainer(PL, tmp_path, [MemexporterCallback()], max_epochs=1, accumulate_grad_batches=2)
-    trainer.fit(module, l_loader(L_TRAIN_ROWS, 1), l_loader(L_VAL_ROWS, 2))
-    got = read_samples(exp.url)
-    assert trainer.global_step == L_TRAIN_ROWS // BATCH // 2
-    assert got.need("memexporter_steps_total") == trainer.global_step
-    assert got.need("memexporter_phase_completed_total", phase="eval") == module.val_loops == 2
 
 
 # --- Import-light ---------------------------------------------------------------------------------

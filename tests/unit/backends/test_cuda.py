@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from memexporter.backends.cuda import TorchBackend
-from tests.support.cuda_standins import TorchStandIn, load
-from tests.support.memory_stats import flatten, unflatten
+from tests.support.cuda_standins import TorchStandIn, as_installed_reports, installed, load
+from tests.support.memory_stats import flatten, shape, unflatten
 from tests.support.synthetic_fixtures import SYNTHETIC_DIR
 
 MiB = 1 << 20
@@ -42,8 +42,9 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ],
 )
 def test_torchs_own_memory_stats_flattening_gives_the_fixture_back(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    # The stand-in answers the nested dict; torch's real memory_stats() flattens and sorts it.
-    flat = answers(name)["devices"]["0"]["memory_stats"]
+    # The stand-in answers the nested dict in the installed torch's shape; that torch's own
+    # memory_stats() flattens and sorts it (torch 2.11 has no private pools: it never gets one).
+    flat = as_installed_reports(answers(name)["devices"]["0"]["memory_stats"])
     standin(monkeypatch, name)
     assert dict(torch.cuda.memory_stats(0)) == flat
     assert list(torch.cuda.memory_stats(0)) == sorted(flat)
@@ -60,7 +61,11 @@ def test_v100_on_torch_1_13_after_caught_ooms(
     assert stats[0]["num_ooms"] == 3 and stats[0]["num_alloc_retries"] == 5
     assert "requested_bytes.all.current" not in stats[0] and "num_device_alloc" not in stats[0]
     assert b.devices_in_use() == [0]
-    assert b.allocated(0) == (stats[0]["allocated_bytes.all.current"], stats[0]["allocated_bytes.all.peak"])
+    assert b.reading(0) == (
+        stats[0]["allocated_bytes.all.current"],
+        stats[0]["allocated_bytes.all.peak"],
+        stats[0]["allocated_bytes.all.current"] + stats[0]["inactive_split_bytes.all.current"],
+    )
     # That torch has neither get_allocator_backend() nor get_per_process_memory_fraction().
     assert not hasattr(torch.cuda, "get_allocator_backend") and not hasattr(
         torch.cuda, "get_per_process_memory_fraction"
@@ -86,8 +91,11 @@ def test_a100_fraction_and_the_cuda_total(monkeypatch: pytest.MonkeyPatch) -> No
     assert b.total_memory(0) == 84987740160  # totalGlobalMem, what the fraction multiplies
     assert b.uuid(0) == "3f6a9c2e-8b1d-4e07-a5c9-72d41e0b9f63"  # bare hex, as torch prints it
     assert b.allocator_backend() == "native"
-    assert len(b.device_stats()[0]) == 135  # 123 keys + a MemPool's reserved_bytes_by_private_pools.0_1.*
-    assert b.device_stats()[0]["reserved_bytes_by_private_pools.0_1.large_pool.current"] == 512 * MiB
+    stats = b.device_stats()[0]
+    if shape(installed()).private_pools:  # torch 2.13 on: 123 keys + a MemPool's reserved_bytes_by_private_pools.0_1.*
+        assert len(stats) == 135 and stats["reserved_bytes_by_private_pools.0_1.large_pool.current"] == 512 * MiB
+    else:  # as an older torch reports the same job: 116 array keys and its scalars (6 on 2.3-2.11), no pools
+        assert len(stats) == len(shape(installed()).scalars) + 116 and not any("private_pools" in k for k in stats)
 
 
 def test_mig_slice_reports_its_bare_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,12 +151,12 @@ def test_not_initialised_reads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     s = standin(monkeypatch, a)
     b = TorchBackend()
     assert b.device_stats() == {} and b.devices_in_use() == []
-    assert (b.uuid(0), b.total_memory(0), b.mem_get_info(0), b.memory_fraction(0), b.allocated(0)) == (
+    assert (b.uuid(0), b.total_memory(0), b.mem_get_info(0), b.memory_fraction(0), b.reading(0)) == (
         None,
         None,
         None,
         1.0,
-        (0, 0),
+        (0, 0, 0),
     )
     assert s.calls == []
 
@@ -182,3 +190,49 @@ def test_host_pinned_stats_that_raise_read_as_none(
     monkeypatch.setattr(torch.cuda, "host_memory_stats", broken)
     assert backend.host_pinned_stats() == {}
     assert any("host_memory_stats() failed" in r.getMessage() for r in caplog.records)
+
+
+# --- What fills the limit: the step tracker's reading under each allocator layout (issue 34). -----
+
+
+def h200(name: str = "nvidia-h200_torch2.11.0_native.json") -> dict[str, Any]:
+    """The H200's recorded answers (tests/fixtures/recorded, torch 2.11)."""
+    return load(SYNTHETIC_DIR.parent / "recorded" / name)["answers"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("settings", "env", "stranded_counts"),
+    [
+        ("", {}, True),  # the native allocator: allocated + inactive split
+        ("expandable_segments:True", {}, False),  # expandable segments: reserved
+        (None, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, False),  # a torch without the getter
+        (None, {"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"}, True),
+    ],
+)
+def test_the_reading_follows_the_allocator_settings(
+    monkeypatch: pytest.MonkeyPatch, settings: str | None, env: dict[str, str], stranded_counts: bool
+) -> None:
+    a = h200()
+    standin(monkeypatch, a)
+    if settings is None:
+        monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
+    else:
+        monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: settings, raising=False)
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    stats = a["devices"]["0"]["memory_stats"]
+    assert stats["inactive_split_bytes.all.current"] > 0  # the recording has split blocks: the cases differ
+    used, peak = stats["allocated_bytes.all.current"], stats["allocated_bytes.all.peak"]
+    held = used + stats["inactive_split_bytes.all.current"] if stranded_counts else stats["reserved_bytes.all.current"]
+    assert TorchBackend().reading(0) == (used, peak, held)
+
+
+def test_cuda_malloc_async_reads_allocated_whatever_its_pool_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = h200("nvidia-h200_torch2.11.0_cudamallocasync.json")
+    standin(monkeypatch, a)
+    stats = a["devices"]["0"]["memory_stats"]
+    assert stats["reserved_bytes.all.current"] > stats["allocated_bytes.all.current"]
+    used = stats["allocated_bytes.all.current"]
+    assert TorchBackend().reading(0) == (used, stats["allocated_bytes.all.peak"], used)

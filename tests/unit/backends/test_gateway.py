@@ -72,6 +72,37 @@ def test_a_failing_call_answers_none_warns_once_per_kind_then_debug(caplog: pyte
     assert said[0].getMessage() == "memexporter: Lib cannot read the memory of GPU-0 (division by zero): none"
 
 
+def test_query_newer_falls_back_once_when_the_newer_call_is_not_there(caplog: pytest.LogCaptureFixture) -> None:
+    lib = gateway(Calls())
+    asked: list[str] = []
+
+    def newer(m: types.ModuleType, error: Exception | None) -> str:
+        asked.append("newer")
+        if error is not None:
+            raise error
+        return "v2"
+
+    def older(m: types.ModuleType) -> str:
+        asked.append("older")
+        return "v1"
+
+    def lacks(m: types.ModuleType, exc: Exception) -> bool:  # the newer call is not there
+        return isinstance(exc, LookupError)
+
+    def read(key: str, error: Exception | None) -> str | None:
+        return lib.query_newer(key, f"read {key}", lambda m: newer(m, error), older, lacks, "has no v2: v1 instead")
+
+    with caplog.at_level(logging.DEBUG, logger="memexporter"):
+        assert [read("a", None) for _ in range(2)] == ["v2", "v2"]
+        assert [read("b", LookupError("Function Not Found")) for _ in range(3)] == ["v1"] * 3
+        # Any other error is a failed read: None, said once, the newer call asked again next time.
+        assert [read("c", RuntimeError("GPU is lost")) for _ in range(2)] == [None, None]
+        assert read("c", None) == "v2"
+    assert asked == ["newer"] * 2 + ["newer", "older", "older", "older"] + ["newer"] * 3
+    assert levels(caplog, "Lib has no v2: v1 instead (Function Not Found)") == [logging.INFO]
+    assert levels(caplog, "Lib cannot read c (GPU is lost)") == [logging.WARNING, logging.DEBUG]
+
+
 def test_a_device_is_looked_up_once_and_no_such_device_is_remembered(caplog: pytest.LogCaptureFixture) -> None:
     lib = gateway(Calls())
     looked: list[str] = []

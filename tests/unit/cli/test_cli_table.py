@@ -1,10 +1,12 @@
 """``memexporter``'s one table of subcommands (``cli.COMMANDS``): each entry's module has what its kind
-needs, ``--help`` lists each with the table's line, and a subcommand that parses its own arguments
-gets them also after a top-level option."""
+needs, ``--help`` lists each with the table's line, a subcommand that parses its own arguments
+gets them also after a top-level option, and ``MEMEXPORTER_LOG_LEVEL`` sets every command's level."""
 
 from __future__ import annotations
 
 import importlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,37 @@ def test_the_subcommand_is_found_after_any_top_level_option_with_a_value(monkeyp
     assert cli._command_at(["--log-level", "debug", "--color=auto", "rules"]) == 3
     assert cli._command_at(["--version"]) is None
     assert cli._command_at(["--colour", "never", "rules"]) is None  # unknown: argparse will name it
+
+
+@pytest.fixture
+def logger_kept(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The levels memexporter's logger had when each command's module would run (none runs); the
+    logger as it was, after the test."""
+    logger = logging.getLogger("memexporter")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    levels: list[int] = []
+    monkeypatch.setattr(cli, "_call", lambda name, how: levels.append(logger.level) or 0)
+    yield levels
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_memexporter_log_level_sets_every_commands_level(
+    monkeypatch: pytest.MonkeyPatch, logger_kept: list[int], name: str
+) -> None:
+    monkeypatch.setenv("MEMEXPORTER_LOG_LEVEL", "debug")
+    assert cli.main([name]) == 0
+    monkeypatch.setenv("MEMEXPORTER_LOG_LEVEL", "error")
+    assert cli.main(["--log-level", "warning", name]) == 0  # the option wins over the variable
+    assert logger_kept == [logging.DEBUG, logging.WARNING]
+
+
+def test_a_bad_memexporter_log_level_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, logger_kept: list[int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MEMEXPORTER_LOG_LEVEL", "loud")
+    assert cli.main(["rules"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "memexporter: MEMEXPORTER_LOG_LEVEL must be one of debug, info, warning, error, got 'loud'"
+    ]
+    assert logger_kept == []

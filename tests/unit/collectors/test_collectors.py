@@ -87,7 +87,8 @@ def test_device_matched_by_uuid_not_index() -> None:
     cuda, nvml = one_gpu()
     reg = registry_for(sources(cuda, nvml))
     assert value(reg, "memexporter_device_total_bytes", rank="3", device="cuda:0") == 80 * GiB
-    assert value(reg, "memexporter_device_used_bytes", rank="3", device="cuda:0") == 10 * GiB
+    assert value(reg, "memexporter_device_used_bytes", rank="3", device="cuda:0") == 10 * GiB - 512 * MiB
+    assert value(reg, "memexporter_device_reserved_bytes", rank="3", device="cuda:0") == 512 * MiB
     assert (
         value(
             reg,
@@ -219,3 +220,20 @@ def test_failing_host_backend_keeps_cuda_views_and_says_the_cpu_view_failed() ->
     assert value(reg, "memexporter_collector_success", rank="3", collector="memory") == 0
     assert value(reg, "memexporter_memory_used_bytes", rank="3", device="cuda:0") == 3 * GiB
     assert value(reg, "memexporter_memory_used_bytes", rank="3", device="cpu") is None
+
+
+@pytest.mark.parametrize(
+    ("backend", "expandable", "committed"),
+    [
+        ("native", False, 3 * GiB + 512 * MiB),  # allocated + inactive split
+        ("native", True, 4 * GiB),  # reserved
+        ("cudaMallocAsync", False, 3 * GiB),  # allocated
+    ],
+)
+def test_committed_bytes_follow_the_allocator(backend: str, expandable: bool, committed: int) -> None:
+    cuda, nvml = one_gpu()
+    cuda.backend, cuda.expandable = backend, expandable
+    reg = registry_for(sources(cuda, nvml))
+    assert value(reg, "memexporter_memory_used_bytes", rank="3", device="cuda:0") == 3 * GiB  # allocated, always
+    assert value(reg, "memexporter_memory_committed_bytes", rank="3", device="cuda:0") == committed
+    assert value(reg, "memexporter_memory_committed_bytes", rank="3", device="cpu") == 2 * GiB  # RSS

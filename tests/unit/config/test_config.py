@@ -88,6 +88,7 @@ BAD_BY_PARSER: dict[str, tuple[object, str | None]] = {
     "fraction": (0, "1.5"),
     "label_value": ("x" * 129, "tab\there"),
     "ranks": ("0-7,9-3", "first-node"),
+    "log_level": ("verbose", "trace"),
 }
 
 

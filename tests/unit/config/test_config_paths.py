@@ -5,9 +5,10 @@ Each case checks the resolved setting and, where it shows, its effect on the run
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,16 @@ NEEDS_HTTP = {
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch: pytest.MonkeyPatch, no_exporter: None) -> None:
+def _clean(monkeypatch: pytest.MonkeyPatch, no_exporter: None) -> Iterator[None]:
+    logger = logging.getLogger("memexporter")
+    saved = (list(logger.handlers), logger.level, logger.propagate)  # log_level changes them
+    yield
+    memexporter.stop()
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+@pytest.fixture(autouse=True)
+def _no_knobs(monkeypatch: pytest.MonkeyPatch, no_exporter: None) -> None:
     for knob in KNOBS:
         monkeypatch.delenv(knob.env, raising=False)
     monkeypatch.setattr(environment, "_said", set())  # each test sees its own once-only warnings
@@ -101,6 +111,7 @@ GOOD: dict[str, tuple[Any, str, Any]] = {
     "census_every": (7, "7", 7),
     "census_budget": (0.25, "0.25", 0.25),
     "run_id": ("exp-7", "exp-7", "exp-7"),
+    "log_level": ("warning", "Warning", "WARNING"),
     "detail_ranks": ("none", "NONE", "none"),
 }
 SPECIAL = {"port", "certfile", "keyfile", "oom_dump_dir"}  # values made per test (a free port, files)
@@ -182,6 +193,7 @@ EFFECTS: dict[str, Effect] = {
     "census_every": _diag,
     "census_budget": _diag,
     "run_id": lambda exp, name, expected: exp.sources.identity.run_id == expected,
+    "log_level": lambda exp, name, expected: logging.getLogger("memexporter").level == logging.WARNING,
     "detail_ranks": lambda exp, name, expected: exp.sources.identity.detail == "core",  # none: no rank is one
 }  # strict and debug_allow: the resolved setting is all there is to see without a failure or a client
 
@@ -210,7 +222,7 @@ def option(knob: Knob, value: Any, text: str) -> list[str]:
 
 
 def run_in_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str], name: str, expected: Any
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str], name: str, expected: Any, top: list[str]
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text("from tests.unit.config.test_config_paths import observe\nobserve()\n")
@@ -218,7 +230,7 @@ def run_in_process(
     monkeypatch.setattr(sys, "path", list(sys.path))
     OBSERVED.clear()
     OBSERVED["expected"] = expected
-    args = cli._parser().parse_args(["run", *options, str(script), name])
+    args = cli._parser().parse_args([*top, "run", *options, str(script), name])
     assert run_command.run(args) == 0
     assert OBSERVED.get("effect") is True, OBSERVED
 
@@ -236,7 +248,10 @@ def test_every_knob_reaches_the_exporter(
             expected = not (True if knob.name == "auto_track" else knob.default)
             argument = expected
         options = [o for k, v in base.items() for o in option(BY_NAME[k], v, str(v))]
-        run_in_process(tmp_path, monkeypatch, [*options, *option(knob, argument, text)], knob.name, expected)
+        given = option(knob, argument, text)
+        # log_level is every command's option, before the subcommand: memexporter --log-level warning run ...
+        top = given if knob.name == "log_level" else []
+        run_in_process(tmp_path, monkeypatch, [*options, *([] if top else given)], knob.name, expected, top)
         assert OBSERVED["config"] == expected
         return
     if path == "environment":

@@ -46,6 +46,7 @@ def good_argument(knob: Knob) -> dict[str, object]:
         "leak_window": 64,
         "memory_limit_bytes": 1 << 30,
         "run_id": "exp-7",
+        "log_level": "warning",
     }.get(knob.name)
     if value is None:
         value = (not knob.default) if knob.boolean else 2

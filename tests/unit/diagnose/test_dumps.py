@@ -78,7 +78,7 @@ def test_a_full_disk_is_one_line_about_the_write_and_the_premortem_lands_when_sp
     full = False  # space returns
     tick(loop, premortem, 3)
     assert premortem.path is not None and premortem.attempts == 2
-    assert json.loads(Path(premortem.path).read_text())["reason"].startswith("cpu: 97.0 % of the limit in use")
+    assert json.loads(Path(premortem.path).read_text())["reason"].startswith("cpu: 97.0 % of the limit committed")
 
 
 def test_a_dump_dir_that_became_a_file_is_retried_once_it_is_a_directory_again(

@@ -12,17 +12,15 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pytest
 
-from memexporter.oom.trend import MAX_FIT_POINTS, MIN_POINTS, WARMUP_SECONDS, TrendEstimate, TrendWindow, estimate
+from memexporter.oom.trend import MAX_FIT_POINTS, MIN_POINTS, TrendEstimate, TrendWindow, estimate
 
 MIB = float(1 << 20)
 GIB = 1024 * MIB
 Point = tuple[int, float, float, float]
 
 
-def feed(
-    points: Iterable[Point], capacity: int = 200, warmup: int = 20, seconds: float = WARMUP_SECONDS
-) -> TrendWindow:
-    w = TrendWindow(capacity, warmup, seconds)
+def feed(points: Iterable[Point], capacity: int = 200, warmup: int = 20) -> TrendWindow:
+    w = TrendWindow(capacity, warmup)
     for p in points:
         w.add(*p)
     return w
@@ -273,9 +271,7 @@ def test_capacity_bound(capacity: int) -> None:
 
 
 def test_duplicate_step_keeps_latest_reading() -> None:
-    w = feed(
-        [(0, 0.0, 1 * GIB, 2 * GIB), (1, 1.0, 1 * GIB, 2 * GIB), (1, 1.5, 1.5 * GIB, 2.5 * GIB)], warmup=0, seconds=0
-    )
+    w = feed([(0, 0.0, 1 * GIB, 2 * GIB), (1, 1.0, 1 * GIB, 2 * GIB), (1, 1.5, 1.5 * GIB, 2.5 * GIB)], warmup=0)
     snap = w.snapshot()
     assert (snap.steps, snap.times) == ((0, 1), (0.0, 1.5))
     assert (snap.baselines, snap.peaks) == ((GIB, 1.5 * GIB), (2 * GIB, 2.5 * GIB))
@@ -284,7 +280,7 @@ def test_duplicate_step_keeps_latest_reading() -> None:
 
 
 def test_non_finite_readings_are_dropped() -> None:
-    w = feed([(0, 0.0, GIB, GIB), (1, 1.0, math.nan, GIB), (2, 2.0, GIB, math.inf)], warmup=0, seconds=0)
+    w = feed([(0, 0.0, GIB, GIB), (1, 1.0, math.nan, GIB), (2, 2.0, GIB, math.inf)], warmup=0)
     assert w.snapshot().steps == (0,)
 
 

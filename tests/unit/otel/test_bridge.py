@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 
 from memexporter.otel import names  # noqa: E402
 from memexporter.otel.bridge import OtelBridge  # noqa: E402
-from tests.support.fakes import FakeCuda, FakeNvml, GiB, one_gpu, registry_for, sources  # noqa: E402
+from tests.support.fakes import FakeCuda, FakeNvml, GiB, MiB, one_gpu, registry_for, sources  # noqa: E402
 
 Points = dict[str, list[tuple[dict[str, Any], float]]]
 
@@ -127,9 +127,11 @@ def test_cuda_instruments_exist_up_front_and_report_once_a_device_is_in_use() ->
     assert got["memexporter.allocator.allocated"] == [({"rank": "3", "device": "cuda:0"}, 3.0 * GiB)]
     assert got["memexporter.allocator.ooms"] == [({"rank": "3", "device": "cuda:0"}, 1.0)]
     gpu = {"hw.id": "GPU-synthetic-0", "hw.type": "gpu", "hw.name": "Synthetic GPU", "hw.vendor": "nvidia"}
-    assert got["hw.gpu.memory.usage"] == [(gpu, 10.0 * GiB)]
+    used = 10.0 * GiB - 512 * MiB  # NVML v2: the driver's 512 MiB reservation apart
+    assert got["hw.gpu.memory.usage"] == [(gpu, used)]
     assert got["hw.gpu.memory.limit"] == [(gpu, 80.0 * GiB)]
-    assert got["memexporter.device.used"] == [({"rank": "3", "device": "cuda:0"}, 10.0 * GiB)]
+    assert got["memexporter.device.used"] == [({"rank": "3", "device": "cuda:0"}, used)]
+    assert got["memexporter.device.reserved"] == [({"rank": "3", "device": "cuda:0"}, 512.0 * MiB)]
     assert not kinds["hw.gpu.memory.usage"].is_monotonic
 
 

@@ -1,12 +1,14 @@
 """The alert rules: committed files equal the renderer's output, every alert is complete and
-documented, every name they read exists, and the template really is parameterised. Every alert
-comes per rank (``scope="rank"``) and, bar RankImbalance, per run (``scope="run"``)."""
+documented, every name they read exists, the template really is parameterised, and every alert has a
+firing and a silent promtool case. Every alert comes per rank (``scope="rank"``) and, bar
+RankImbalance, per run (``scope="run"``). The helpers here (``load``, ``alerts``, ``records``...) read
+the rendering for the other files of this folder: the run alerts and records (test_runs.py), the peer
+labels (test_params_peer_labels.py), the selector (test_selector.py), the phases (test_phases.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,8 @@ import yaml
 
 from memexporter import rules
 from memexporter.metrics import BY_NAME
-from memexporter.tracking.phases import OUT_OF_STEP_PHASES
 from tests.support import REPO_ROOT
 from tests.support.promql import metric_names
-from tests.support.rules import RUN_RECORDS
 
 ALERTS_DIR = REPO_ROOT / "alerts"
 COMMITTED = {"default": ALERTS_DIR / "memexporter.rules.yml"}
@@ -138,57 +138,9 @@ def test_rank_alerts_run_no_template_query(name: str) -> None:
         assert "query" not in text, f"{name}: {key} runs a template query"
 
 
-@pytest.mark.parametrize("name", sorted(RUN_ALERTS))
-def test_run_alert_counts_the_ranks_of_one_run(name: str) -> None:
-    rank, run = ALERTS[name], RUN_ALERTS[name]
-    labels = "job, namespace, run_id" + (", collector" if name == "MemexporterCollectorFailing" else "")
-    # The rank alert's own condition, counted once per rank and run: one alert per run.
-    inner = textwrap.indent(rank["expr"], "    ")
-    assert run["expr"] == (f"count by ({labels}) (\n  count by ({labels}, instance, rank) (\n{inner}\n  )\n) >= 2")
-    # It fires no later than its ranks (a shorter for:, at most by half), so Alertmanager can mute them.
-    rank_for, run_for = (duration_seconds(r.get("for", "0s")) for r in (rank, run))
-    assert run_for == max(rank_for - 300, rank_for // 2)
-    # Two queries, once per run alert, however many ranks fire: the ranks that answer, and the worst.
-    assert run["annotations"]["description"].count("| query") == 2
-    assert 'sortByLabel "rank"' in run["annotations"]["description"]
-
-
-def duration_seconds(text: str) -> int:
-    units = {"h": 3600, "m": 60, "s": 1}
-    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", text))
-
-
 def records(text: str = DEFAULT) -> dict[str, str]:
     """``{record: expr}`` of a rendered file, every group."""
     return {r["record"]: r["expr"] for r in load(text) if "record" in r}
-
-
-def _joined(expr: str, known: dict[str, str]) -> bool:
-    """``expr`` joins the rank's run_id, or reads a record that does (its own, or through its inputs)."""
-    return "group_left(run_id)" in expr or any(_joined(known[n], known) for n in metric_names(expr) if n in known)
-
-
-@pytest.mark.parametrize("name", ALL_ALERTS)
-def test_rank_alerts_carry_the_run_id(name: str) -> None:
-    # Joined from run_info (or read from records that carry it), so Alertmanager can group and
-    # inhibit per run without relabelling. promtool shows it label by label (alerts/tests/runs.yml).
-    assert _joined(ALERTS[name]["expr"], records()), name
-
-
-@pytest.mark.parametrize("name", sorted(RUN_ALERTS))
-def test_alerts_read_their_condition_recorded_once(name: str) -> None:
-    # The rank alert, its run twin and the twin's description query read one record of the condition,
-    # evaluated just before them in the same group, not the condition three times over.
-    condition = next(n for n in metric_names(ALERTS[name]["expr"]) if n.endswith(":condition"))
-    for text in (
-        ALERTS[name]["expr"],
-        RUN_ALERTS[name]["expr"],
-        *queries(RUN_ALERTS[name]["annotations"]["description"])[1:],
-    ):
-        assert condition in text, name
-    group = next(g for g in yaml.safe_load(DEFAULT)["groups"] if any(r.get("alert") == name for r in g["rules"]))
-    order = [r.get("record") or (r["alert"], r["labels"]["scope"]) for r in group["rules"]]
-    assert order.index(condition) + 1 == order.index((name, "rank")) == order.index((name, "run")) - 1
 
 
 GROUPS = [
@@ -208,40 +160,6 @@ def test_every_promtool_test_evaluates_the_groups_in_their_order() -> None:
     assert len(files) >= 8
     for path in files:
         assert yaml.safe_load(path.read_text())["group_eval_order"] == GROUPS, path
-
-
-def test_run_records_are_the_contracts() -> None:
-    groups = {g["name"]: [r.get("record") or r["alert"] for r in g["rules"]] for g in yaml.safe_load(DEFAULT)["groups"]}
-    assert list(groups) == GROUPS
-    assert sorted(groups["memexporter.runs"]) == sorted(RUN_RECORDS)  # a group of their own: only those
-    known = records()
-    for name in RUN_RECORDS:
-        by = "job, namespace, run_id" + (", device_kind" if name.startswith("run_device_kind:") else "")
-        assert f"by ({by})" in known[name], name
-    assert (
-        known["run:memexporter_ranks:count"]
-        == 'count by (job, namespace, run_id) (rank:memexporter_run:info{job="memexporter"})'
-    )
-    info = known["rank:memexporter_run:info"]
-    assert "topk by (job, instance, rank) (1," in info  # one per rank: a duplicate would fail every join
-    assert "exported_run_id" in info and "memexporter_build_info" in info
-    # The per-rank records that join the rank's run come after its identity, in the same group.
-    assert groups["memexporter.rules"][0] == "rank:memexporter_run:info"
-
-
-def test_run_labels_add_what_the_selector_shares() -> None:
-    text = rules.render(selector='cluster="a",job=~"trainer-.*",rank!="0"')
-    records = {r["record"]: r["expr"] for r in load(text) if "record" in r}
-    assert records["run:memexporter_ranks:count"].startswith("count by (job, namespace, run_id, cluster) (")
-    assert "count by (job, namespace, run_id, cluster) (" in alerts(text, "run")["MemexporterMemoryLeak"]["expr"]
-
-
-@pytest.mark.parametrize("bad", [0, 1, -2])
-def test_run_min_ranks_is_at_least_two(bad: int) -> None:
-    with pytest.raises(ValueError, match="run_min_ranks"):
-        rules.render_config(dataclasses.replace(rules.RulesConfig.default(), run_min_ranks=bad))
-    text = rules.render_config(dataclasses.replace(rules.RulesConfig.default(), run_min_ranks=8))
-    assert alerts(text, "run")["MemexporterMemoryLeak"]["expr"].endswith(") >= 8")
 
 
 @pytest.mark.parametrize("name", ALL_ALERTS)
@@ -285,18 +203,6 @@ def test_recording_rules_are_named_level_metric_operation() -> None:
         level, metric, operation = name.split(":")
         assert level
         assert metric.startswith("memexporter_") and operation
-
-
-@pytest.mark.parametrize("preset", sorted(rules.PRESETS))
-def test_every_series_carries_the_selector(preset: str) -> None:
-    text = rules.render(preset, selector='job="trainer",cluster="a"')
-    assert 'job="memexporter"' not in text
-    for rule in load(text):
-        for name in metric_names(rule["expr"]):
-            if name.startswith("memexporter_") or ":" in name:
-                assert re.search(re.escape(name) + r'\{[^}]*job="trainer",cluster="a"', rule["expr"]), (
-                    f"{rule.get('record') or rule['alert']}: {name} without the selector"
-                )
 
 
 def test_critical_severity_can_be_downgraded_so_nothing_pages() -> None:
@@ -366,183 +272,6 @@ def test_cli_prints_writes_and_rejects(tmp_path: Path, capsys: pytest.CaptureFix
     with pytest.raises(SystemExit) as info:
         main(["rules", "--preset", "nope"])
     assert info.value.code == 2
-
-
-# --- peer labels: which ranks MemexporterRankImbalance compares -----------------------------------
-
-
-def _excess_rule(text: str) -> str:
-    (expr,) = [
-        r["expr"]
-        for r in load(text)
-        if r.get("record") == "rank_device:memexporter_memory_peak_excess_over_job_median:ratio"
-    ]
-    return str(expr)
-
-
-def test_default_peer_labels_name_one_training_run() -> None:
-    # A PodMonitor puts every pod of every namespace in one Prometheus job: job alone mixes runs.
-    assert rules.PEER_LABELS == ("job", "namespace", "run_id")
-    assert rules.parse_peer_labels(rules.RulesConfig.peer_labels) == rules.PEER_LABELS
-    for preset in rules.PRESETS.values():
-        assert rules.parse_peer_labels(preset.peer_labels) == rules.PEER_LABELS
-    expr = _excess_rule(DEFAULT)
-    assert "on(job, namespace, run_id, device_kind) group_left()" in expr
-    assert "quantile by (job, namespace, run_id, device_kind) (0.5," in expr
-    assert "peers share job, namespace, run_id" in ALERTS["MemexporterRankImbalance"]["annotations"]["description"]
-
-
-def test_peer_labels_are_a_parameter() -> None:
-    text = rules.render(peer_labels=" job ,cluster,training_job")
-    expr = _excess_rule(text)
-    assert "on(job, cluster, training_job, device_kind) group_left()" in expr
-    assert "quantile by (job, cluster, training_job, device_kind)" in expr
-    assert "#   peer_labels: job, cluster, training_job\n" in text
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        "",
-        " , ",
-        "job,",
-        "job,run-id",
-        "job,1run",
-        "job,__name__",
-        "job run_id",
-        "job,rank",
-        "job,instance",
-        "job,pod",
-        "job,device",
-        "job,device_kind",
-        "job,job",
-    ],
-)
-def test_bad_peer_labels_are_a_clear_error(bad: str) -> None:
-    with pytest.raises(ValueError, match="peer label"):
-        rules.render(peer_labels=bad)
-
-
-def test_cli_peer_labels_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from memexporter.cli import main
-
-    out = tmp_path / "r.yml"
-    assert main(["rules", "--peer-labels", "job,run_id", "--output", str(out)]) == 0
-    assert out.read_text() == rules.render(peer_labels="job,run_id")
-    assert "on(job, run_id, device_kind)" in out.read_text()
-    with pytest.raises(SystemExit) as info:
-        main(["rules", "--peer-labels", "job,run-id"])
-    assert info.value.code == 2
-    assert "'run-id'" in capsys.readouterr().err
-
-
-# --- the selector: PromQL label matchers, checked before anything is rendered ---------------------
-
-GOOD_SELECTORS = [
-    'job="trainer"',
-    'namespace="ml",job=~"trainer-.*"',
-    " job = \"a\" , rank != '0' ,",
-    "job=~`trainer-\\d+`",
-    'job=~"trainer-\\\\d+"',
-    'job="say \\"hi\\""',
-    "job='it\\'s'",
-    'job!~"", cluster="a"',
-    'job="\\u00e9\\x41\\101"',
-]
-BAD_SELECTORS = [
-    ("job=foo", 'the value of job must be a quoted string, e.g. job="foo"'),
-    ('job="a" rank="0"', "matchers are separated by commas"),
-    ('{job="a"}', "without braces"),
-    ("job", "job must be followed by one of =~, !~, !=, ="),
-    ('job=="a"', "'==' is not a matcher operator"),
-    ('job="trainer', 'has no closing "'),
-    ('job=~"trainer-\\d+"', "unknown escape sequence '\\\\d'"),
-    ("job='a\\\"'", "unknown escape sequence"),
-    ('job="a",,', "',' does not start with a label name"),
-    ('1job="a"', "does not start with a label name"),
-    ('__name__="up"', "__name__ is reserved"),
-    ("", "it is empty"),
-    ("  ", "it is empty"),
-]
-
-
-@pytest.mark.parametrize("selector", GOOD_SELECTORS)
-def test_good_selectors_render_into_every_series(selector: str) -> None:
-    text = rules.render(selector=selector)
-    for rule in load(text):
-        for name in metric_names(rule["expr"]):
-            if name.startswith("memexporter_") or ":" in name:
-                # Phase series put their own matcher first, so a trailing comma in the selector parses.
-                assert (
-                    name + "{" + selector + "}" in rule["expr"]
-                    or name + "{" + OUT_OF_STEP + "," + selector + "}" in rule["expr"]
-                ), f"{rule.get('record') or rule['alert']}: {name}"
-
-
-@pytest.mark.parametrize(("selector", "why"), BAD_SELECTORS, ids=[s or "empty" for s, _ in BAD_SELECTORS])
-def test_bad_selectors_are_a_clear_error(selector: str, why: str) -> None:
-    with pytest.raises(ValueError) as info:
-        rules.render(selector=selector)
-    message = str(info.value)
-    assert f"selector {selector!r} is not a PromQL label-matcher list" in message
-    assert why in message
-
-
-def test_cli_rejects_an_unquoted_selector(capsys: pytest.CaptureFixture[str]) -> None:
-    from memexporter.cli import main
-
-    # The operator's typo from issue 9: this used to render rules that promtool refuses.
-    with pytest.raises(SystemExit) as info:
-        main(["rules", "--selector", "job=foo"])
-    assert info.value.code == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert 'the value of job must be a quoted string, e.g. job="foo"' in captured.err
-    assert "error: memexporter:" not in captured.err  # argparse's "memexporter rules: error:" says it once
-
-
-# --- phases (issue 23): out-of-step phases and the stalled run -----------------------------------
-
-
-def test_phase_series_read_the_exporters_out_of_step_phases() -> None:
-    # One source: memexporter.tracking.phases, where the exporter decides what stays out of the step peak.
-    exporters = 'phase=~"' + "|".join(sorted(OUT_OF_STEP_PHASES)) + '"'
-    assert exporters == OUT_OF_STEP
-    phase_series = [r for r in load(DEFAULT) if "memexporter_phase_" in r["expr"]]
-    assert phase_series
-    for rule in phase_series:
-        for selector in re.findall(r"memexporter_phase_\w+\{[^}]*\}", rule["expr"]):
-            assert OUT_OF_STEP in selector, f"{rule.get('record') or rule['alert']}: {selector}"
-
-
-def test_oom_forecast_reads_training_peaks_only() -> None:
-    # The forecast (OOMPredicted, OOMImminent's ETA arm) stays on the step peak; only OOMImminent's
-    # headroom arm reads the out-of-step phases, against the same "nearly full" threshold.
-    known = records()
-    assert "phase" not in known["rank_device:memexporter_oom_predicted:condition"]
-    imminent = known["rank_device:memexporter_oom_imminent:condition"]
-    phase_arm = imminent.split("+ on(job, instance, rank, device) group_left()")[1]
-    assert "rank_device_phase:memexporter_phase_peak_utilisation:ratio" in phase_arm
-    assert phase_arm.endswith(f") > {rules.RulesConfig.imminent_full_utilisation}")  # the phase's own peak
-    assert "eta" not in phase_arm
-
-
-def test_stalled_run_parameters_are_rendered() -> None:
-    cfg = dataclasses.replace(
-        rules.RulesConfig.default(), stalled_factor=4.0, stalled_floor=1200, stalled_phase_floor=7200, stalled_for=600
-    )
-    text = rules.render_config(cfg)
-    (allowance,) = [r["expr"] for r in load(text) if r.get("record") == "rank:memexporter_stall_allowance_seconds:max"]
-    assert "4.0 * memexporter_step_interval_seconds" in allowance
-    assert "4.0 * memexporter_phase_duration_seconds" in allowance
-    assert re.search(r"memexporter_last_step_timestamp_seconds\{[^}]*\},\s+1200\s+\)", allowance)
-    assert re.search(r"memexporter_phase_active\{[^}]*\},\s+7200\s+\)", allowance)
-    # The open phase's allowance is the run's: it reaches every rank that shares the peer labels.
-    assert "+ on(job, namespace, run_id) group_left()\n      max by (job, namespace, run_id) (" in allowance
-    assert alerts(text)["MemexporterTrainingStalled"]["for"] == "10m"
-    for bad in (0.0, -1.0):
-        with pytest.raises(ValueError, match="stalled_factor"):
-            rules.render_config(dataclasses.replace(cfg, stalled_factor=bad))
 
 
 # --- the promtool unit tests: a firing and a silent case for every alert --------------------------

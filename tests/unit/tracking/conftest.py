@@ -3,7 +3,10 @@ tracked and the process-wide hook-error counter as it found it (some tests injec
 tests stay independent of order and of each other.
 
 Every grad-enabled forward is recorded here (``RECORD_INTERVAL_S`` 0, ``RECORD_EVERY`` 1): these tests check what a
-recorded forward counts. The rate limit has its own test, which sets the interval back."""
+recorded forward counts. The rate limit has its own test, which sets the interval back.
+
+``rig``: the scripted step and phase trackers of test_phases.py (``make_rig``) made active, for the
+phase tests and the step rhythm's (test_phases*.py, test_steps_rhythm.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from memexporter.tracking import errors, schedule
+import memexporter
+from memexporter.tracking import boundaries, errors, phases, schedule
 from memexporter.tracking.modules import TrackHandle, active_handles
+from tests.unit.tracking.test_phases import Rig, make_rig
 
 
 @pytest.fixture(autouse=True)
@@ -29,3 +34,15 @@ def _untrack_all() -> Iterator[None]:
         assert isinstance(h, TrackHandle)
         h.remove()
     errors._errors = count
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    """Trackers made active as the exporter does, so ``memexporter.phase``/``step`` reach them."""
+    memexporter.stop()
+    r = make_rig()
+    boundaries.activate(r.steps, auto_step=True)
+    phases.activate(r.phases)
+    yield r
+    boundaries.activate(None, auto_step=False)
+    phases.activate(None)

