@@ -186,7 +186,11 @@ def test_a_restarted_job_takes_the_port_from_the_ended_jobs_helper_and_a_live_on
         assert taken.value.errno == errno.EADDRINUSE and "already in use" in str(taken.value)
         first.kill()
         first.wait()
-        assert "memexporter_job_end_info" in get_text(f"http://127.0.0.1:{port}/metrics", 10)
+        # The helper learns of the end within moments (its pidfd); until then it serves the last snapshot.
+        end = time.monotonic() + 10
+        while "memexporter_job_end_info" not in get_text(f"http://127.0.0.1:{port}/metrics", 10):
+            assert time.monotonic() < end, "the ended job's helper never served its end"
+            time.sleep(0.05)
         # The job restarted (torchrun --max-restarts, a script run again): the ended one's helper yields.
         again = memexporter.start(port=port, addr="127.0.0.1", strict=True)
         assert again.port == port
