@@ -236,21 +236,13 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
 def _auto_track(exporter: Exporter) -> None:
     """Look for the model (``auto_track``) and track it once found, unless one is tracked by then."""
     from memexporter.tracking import discover
-    from memexporter.tracking.modules import active_handles, track
+    from memexporter.tracking.modules import active_handles
 
     def found(models: list[Any]) -> None:
         with _lock:
             if running() is not exporter or active_handles():
                 return  # stopped meanwhile, or the script tracks a model itself
-            for model in models:
-                handle = track(model, None, depth=exporter.config.module_depth, max_modules=exporter.config.max_modules)
-                handle.automatic = True
-                exporter.tracked.append(handle)
-        log.info(
-            "memexporter: auto_track: tracking %s (%d module rows at most each)",
-            ", ".join(type(m).__name__ for m in models),
-            exporter.config.max_modules,
-        )
+            discover.track_found(models, exporter.tracked, exporter.config.module_depth, exporter.config.max_modules)
 
     discover.start(found)
 

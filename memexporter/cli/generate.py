@@ -64,7 +64,7 @@ GENERATED: dict[str, Generated] = {
     "rules": Generated("memexporter/rules/ (the default preset)", _rules),
     "dashboards": Generated("memexporter/dashboards/", _dashboards),
     "kubernetes": Generated("the rules and the dashboards, as Kubernetes objects", _kubernetes),
-    "docs": Generated("memexporter/metrics.py, memexporter/config/, memexporter/otel/names.py", _docs),
+    "docs": Generated("memexporter/metrics/, memexporter/config/, memexporter/otel/names.py", _docs),
 }
 
 

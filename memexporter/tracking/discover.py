@@ -155,6 +155,22 @@ def start(found: Callable[[list[nn.Module]], None]) -> Discovery:
     return _active
 
 
+def track_found(models: list[nn.Module], tracked: list[Any], depth: int, max_modules: int) -> None:
+    """Track the models a search found (``track()``, each handle marked ``automatic`` and appended to
+    ``tracked`` as it is made: the exporter's list, which ``stop()`` removes), and say so once."""
+    from memexporter.tracking.modules import track
+
+    for model in models:
+        handle = track(model, None, depth=depth, max_modules=max_modules)
+        handle.automatic = True
+        tracked.append(handle)
+    log.info(
+        "memexporter: auto_track: tracking %s (%d module rows at most each)",
+        ", ".join(type(m).__name__ for m in models),
+        max_modules,
+    )
+
+
 def stop() -> None:
     """End the running search, if any; its step hook then does nothing. Idempotent."""
     global _active

@@ -184,7 +184,7 @@ def test_a_failing_route_answers_500_and_prints_nothing(capfd: pytest.CaptureFix
     assert capfd.readouterr().err == ""
 
 
-# --- the port, and what the log says (a taken port: test_exporter_http.py) -----------------
+# --- the port, and what the log says (a taken port: test_exporter_lifecycle.py) -----------------
 
 
 def test_privileged_port_log_names_the_permission_not_dcgm() -> None:

@@ -2,8 +2,10 @@
 a server's own metrics), and a status for diagnostics (``http_status``, ``http_ok``: what a
 starting process answers while a test waits for it).
 
-A test that needs the status and headers of an error answer, another method, or a token keeps
-its own small ``get`` and says so (tests/integration/test_exporter_http.py, test_live_page.py,
+``get_answer`` gives the status, Content-Type and body, of an error answer too, as they come (no
+``fresh``: a test that needs a snapshot calls ``flush()`` itself), with ``base``, an exporter's root URL
+(tests/integration/test_exporter_http.py, test_exporter_lifecycle.py). A test that needs other headers,
+another method, or a token keeps its own small ``get`` and says so (test_live_page.py,
 test_debug_endpoints.py). Scripts a test runs as a separate interpreter (a training script under
 ``memexporter run`` or torchrun) read ``/metrics`` with ``urllib`` themselves, as a user's would.
 
@@ -18,6 +20,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 
+import memexporter
 from memexporter import exporter
 
 
@@ -38,6 +41,23 @@ def fresh(url: str) -> None:
     running = exporter.running()
     if running is not None and running.port is not None and urllib.parse.urlsplit(url).port == running.port:
         running.flush()
+
+
+def get_answer(
+    url: str, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None
+) -> tuple[int, str, str]:
+    """``(status, Content-Type, body)`` of ``GET url``, an error answer's too (an ``HTTPError`` is read, not raised)."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=context) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+
+
+def base(exp: memexporter.Exporter) -> str:
+    """The plain-HTTP root URL of an exporter on loopback (``http://127.0.0.1:PORT``)."""
+    return f"http://127.0.0.1:{exp.port}"
 
 
 def http_status(url: str, timeout: float = 2.0) -> str:

@@ -6,7 +6,7 @@ starts nothing real; what starts a real binary, a subprocess or a server it wait
   (``tests/unit/backends/`` is ``memexporter/backends/``; ``tests/unit/tracking/`` holds
   ``test_steps.py`` for ``memexporter/tracking/steps.py``);
 - a test file at the top of ``tests/unit/`` is named after a top-level module
-  (``test_metrics.py``, ``test_units.py``) or is one of the checks of the whole repository below;
+  (``test_units.py``) or is one of the checks of the whole repository below;
 - no file in ``tests/unit/`` imports what starts a process or a server: ``subprocess``,
   ``multiprocessing``, a server module, or the harness modules that start Prometheus, promtool,
   Alertmanager, VictoriaMetrics, chromium, the demo or another command (``STARTERS``).

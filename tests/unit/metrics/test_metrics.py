@@ -9,7 +9,7 @@ import pytest
 
 from memexporter import config, metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # The metric names DESIGN.md §4 fixes as the contract: dashboards, alerts and users' queries rely
 # on them. They may only change with a note on the issue (and here).
