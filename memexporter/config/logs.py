@@ -10,13 +10,29 @@ terminal), ``start()`` only where neither memexporter's logger nor the root logg
 from __future__ import annotations
 
 import logging
+import sys
+from typing import Any
 
 LOGGER = "memexporter"
 FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is at each message, as Python's last resort does: a script or
+    a harness that replaces stderr after ``start()`` (and closes the old one) gets the lines, not a
+    "--- Logging error ---" traceback per message."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__ sets it: sys.stderr stays the one
+        pass
+
+
 def _stderr_handler() -> logging.Handler:
-    handler = logging.StreamHandler()
+    handler = _Stderr()
     handler.setFormatter(logging.Formatter(FORMAT))
     handler._memexporter = True  # type: ignore[attr-defined]
     return handler

@@ -4,6 +4,8 @@
 
 - ``_runtime_dir`` (autouse): the debug token files of every test, and of the children it starts,
   go to a temporary ``$XDG_RUNTIME_DIR``, never the user's.
+- ``_logger_restored`` (autouse): memexporter's logger as it was before the test (a command run in
+  the test process sets its own handler, and a later test's stderr would get its lines).
 - ``no_exporter``: no exporter runs in this process before the test or after it.
   ``pytestmark = pytest.mark.usefixtures("no_exporter")`` for a whole file.
 - ``otel_push_environment``: that, and none of the shell's ``OTEL_*``/``MEMEXPORTER_*`` variables.
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
@@ -25,6 +28,15 @@ def _runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     """The debug endpoints' token files go to ``$XDG_RUNTIME_DIR/memexporter``: a test's go to a
     temporary folder, never the user's runtime folder (children started by a test inherit it)."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))
+
+
+@pytest.fixture(autouse=True)
+def _logger_restored() -> Iterator[None]:
+    """memexporter's logger (handlers, level, propagation) as it was before the test."""
+    logger = logging.getLogger("memexporter")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
 @pytest.fixture

@@ -77,3 +77,25 @@ def test_without_any_logging_configured_the_messages_go_to_stderr(
     memexporter.start(http=False)  # a second start() adds no second handler
     LOGGER.debug("memexporter: a debug line")
     assert capsys.readouterr().err.count("memexporter: a debug line") == 1
+
+
+def test_the_handler_writes_to_stderr_as_it_is_at_each_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A harness (pytest's capture, a launcher's log redirect) that swaps stderr after start() and closes
+    # the old one: the handler bound to the old stream printed "--- Logging error ---" for every later
+    # line (seen: the HTTP stderr test after tests/unit/rules, whose CLI runs set up this handler).
+    import io
+    import sys
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    LOGGER.handlers[:] = []
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    memexporter.start(http=False, log_level="info")
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    errors = io.StringIO()
+    monkeypatch.setattr(sys, "__stderr__", errors)  # where logging reports its own errors
+    LOGGER.info("memexporter: after the swap")
+    assert "memexporter: after the swap" in second.getvalue()
+    assert "Logging error" not in errors.getvalue() + second.getvalue()
