@@ -22,7 +22,7 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     a harness that replaces stderr after ``start()`` (and closes the old one) gets the lines, not a
     "--- Logging error ---" traceback per message."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 
