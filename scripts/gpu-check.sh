@@ -63,7 +63,7 @@ step "trace replay" replay.log 40 "$PY" -m tests.support.replay
 step "record traces" traces.log 120 "$PY" -m tests.cuda.record_traces --out "$LOGS/traces"
 step "replay new traces" replay-new.log 30 "$PY" -m tests.support.replay "$LOGS/traces"
 if grep -q -- '--device' benchmarks/bench_launch.py 2>/dev/null; then
-  step "launch-bound benchmark" bench-launch.log 60 "$PY" benchmarks/bench_launch.py --device cuda --rounds 30 --block 0.5 --part start
+  step "launch-bound benchmark" bench-launch.log 120 "$PY" benchmarks/bench_launch.py --device cuda --rounds 16 --block 0.5 --part start
 fi
 step "overhead benchmark" bench-overhead.log 60 "$PY" benchmarks/bench_overhead.py --device cuda --rounds 6
 step "scrape benchmark" bench-scrape.log 40 "$PY" benchmarks/bench_scrape.py --device cuda --scrapes 100 --seconds 5
