@@ -38,9 +38,10 @@ def test_endpoints() -> None:
 def test_requests_write_nothing_on_the_jobs_stderr(capfd: pytest.CaptureFixture[str]) -> None:
     # The job's own output is what its user reads: no access log line per scrape, none per error.
     exp = memexporter.start(port=0, addr="127.0.0.1")
+    url = base(exp)  # waits for the helper's bind, and so for start()'s one "serving" line
     capfd.readouterr()
-    assert get_answer(base(exp) + "/metrics")[0] == 200
-    assert get_answer(base(exp) + "/nope")[0] == 404
+    assert get_answer(url + "/metrics")[0] == 200
+    assert get_answer(url + "/nope")[0] == 404
     with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as s:
         s.sendall(b"a b c d e\r\n\r\n")  # a 400
         s.recv(4096)
