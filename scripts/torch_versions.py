@@ -57,12 +57,16 @@ CORE = (
     "tests/unit/test_recorded_fixtures.py",
     "tests/unit/test_fixture_recorder.py",
     "tests/integration/distributed",
+    # torch's MemTracker, the oracle of the module rows: a torch API of its own.
+    "tests/integration/frameworks/test_memtracker_oracle.py",
 )
-# The frameworks' trainers at their pinned releases (they allow torch 2.8 on), and torch's MemTracker
-# as the oracle; `memexporter run`'s and the callbacks' own logic runs once, in the main suite.
+# Left out of CORE: what races the exporter's threads for a fixed time, not torch's API (20 CPU-s).
+DESELECT = ("tests/unit/tracking/test_modules_collector.py::test_scrapes_race_training_without_errors",)
+# The frameworks' trainers at their pinned releases, at the oldest torch those pins allow (2.8): their
+# callbacks call the frameworks' APIs, not torch's, and the main suite runs them under 2.13; `memexporter
+# run`'s and the callbacks' own logic runs once, in the main suite.
 FRAMEWORKS = tuple(
-    f"tests/integration/frameworks/test_{name}.py"
-    for name in ("lightning", "accelerate", "transformers", "memtracker_oracle")
+    f"tests/integration/frameworks/test_{name}.py" for name in ("lightning", "accelerate", "transformers")
 )
 
 
@@ -79,9 +83,9 @@ class Version:
 
 VERSIONS: tuple[Version, ...] = (
     Version("2.8.0", "the oldest the package claims (memexporter.backends.torchcheck.MIN_TORCH)", CORE + FRAMEWORKS),
-    # The frameworks run at both ends of the range; 2.11 is here for what its GPU machines answer.
+    # 2.11 is here for what its GPU machines answer.
     Version("2.11.0", "what the GPU machines ship (the H200 run of 2026-11-27)", CORE),
-    Version("2.15.0", "the newest release on PyPI", CORE + FRAMEWORKS),
+    Version("2.15.0", "the newest release on PyPI", CORE),
 )
 
 
@@ -202,13 +206,14 @@ class Job:
         with open(f"{venv}.lock") as lock:
             fcntl.flock(lock, fcntl.LOCK_SH)  # no set-up changes the venv under these tests
             cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE"]
+            cmd += [f"--deselect={test}" for test in DESELECT]
             cmd += ["-n", str(workers), "--dist", "loadgroup"] if workers > 1 else []
             env = {**os.environ, "PYTHONPATH": str(REPO)}
             self.say(f"tests: {' '.join(self.version.tests)} (log: {self.log.relative_to(REPO)})")
             with open(self.log, "wb") as out:
                 # Niced: the main suite's live tests keep their pace; these fill the time they wait.
                 self.proc = subprocess.Popen(
-                    ["nice", "-n", "10", *cmd, *self.version.tests],
+                    ["nice", "-n", "19", *cmd, *self.version.tests],
                     cwd=REPO,
                     env=env,
                     stdout=out,
