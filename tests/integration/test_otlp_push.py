@@ -41,9 +41,11 @@ LIVE = {
     "memexporter_memory_limit_bytes",
     "memexporter_host_rss_bytes",
     "memexporter_host_available_bytes",
-    "memexporter_host_children_rss_bytes",
     "memexporter_oom_eta_seconds",
 }
+# The children: the HTTP helper always, and the forked DataLoader workers of each epoch, which come and
+# go between the scrape and the push (seen: 27 MB scraped, 773 MB pushed). Both see the helper.
+CHILDREN = "memexporter_host_children_rss_bytes"
 
 # An ordinary training script: DataLoader workers (forked), a tracked model, a leak (so that the
 # time to OOM is finite and pushed), then it waits for the test, stops memexporter itself and lives
@@ -171,6 +173,8 @@ def test_memexporter_run_pushes_what_it_serves(tmp_path: Path) -> None:
     for key, value in pushed.items():
         if key[0] in LIVE:
             assert value == pytest.approx(finite[key], rel=0.1), key
+        elif key[0] == CHILDREN:
+            assert value > 0 and finite[key] > 0, key
         elif key[0] != "memexporter_collector_duration_seconds":
             assert value == finite[key], key
     assert pushed[("memexporter_steps_total", frozenset({("rank", "0")}))] == STEPS
