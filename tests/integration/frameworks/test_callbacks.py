@@ -85,8 +85,10 @@ def check_phases_and_peaks(got: Samples, steps: list[tuple[int, bool, Samples]],
     print("step peaks (MiB):", [(g, after, round(p / MiB, 1)) for g, after, p in peaks])
     assert sum(after for _, after, _ in peaks) >= 4, peaks
     first = peaks[0][2]  # before any evaluation (Lightning's sanity check aside)
+    # A quarter of the evaluation's buffer: the CPU heap creeps by a few MiB over the first steps
+    # (9.2 MiB by the HF Trainer's 4th step once, on a loaded 2-core box), the buffer is 64 MiB.
     for g, after, peak in peaks:
-        assert peak <= first + EVAL_EXTRA / 8, (
+        assert peak <= first + EVAL_EXTRA / 4, (
             f"step {g}{f' right after {evaluation}' if after else ''}: "
             f"peak {peak / MiB:.1f} MiB, step 1's {first / MiB:.1f} MiB"
         )
