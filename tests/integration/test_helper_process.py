@@ -167,7 +167,11 @@ def test_the_helper_serves_the_grace_period_after_the_job_then_exits_and_frees_t
     proc, helper = job(port, grace=3)
     proc.kill()
     proc.wait()
-    assert "memexporter_job_end_info" in get_text(f"http://127.0.0.1:{port}/metrics", 10)
+    # The helper learns of the end within moments (its pidfd); until then it serves the last snapshot.
+    end = time.monotonic() + 10
+    while "memexporter_job_end_info" not in get_text(f"http://127.0.0.1:{port}/metrics", 10):
+        assert time.monotonic() < end, "the ended job's helper never served its end"
+        time.sleep(0.05)
     end = time.monotonic() + 30
     while psutil.pid_exists(helper) and psutil.Process(helper).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < end, "the helper outlived its grace period"
