@@ -65,6 +65,43 @@ def observed_end() -> str:
         "after its per-step peak reached 95% of its limit: it probably died of an out-of-memory error, an uncaught "
         "CUDA OOM or the kernel's OOM killer. Check its exit status and log.",
     )
+    # The four that fire (a clean exit never does), at 33m and still at 40m.
+    firing = [
+        (
+            {
+                "severity": "warning",
+                "scope": "rank",
+                **killed,
+                "run_id": "cpu-1-4242",
+                "cause": "oom_kill",
+                "signal": "SIGKILL",
+            },
+            FATAL,
+            "Rank 0 of job memexporter on cpu-1:9400 (cpu) ended by the memory cgroup's OOM killer (SIGKILL), "
+            f"{HELPER} 80% of its limit.",
+        ),
+        (
+            {
+                "severity": "warning",
+                "scope": "rank",
+                **cuda,
+                "run_id": "gpu-2-4242",
+                "cause": "cuda_oom",
+                "exit_code": "1",
+            },
+            FATAL,
+            "Rank 0 of job memexporter on gpu-2:9400 (cuda:0) ended by a CUDA out-of-memory error (exit status 1), "
+            f"{HELPER} 97% of its limit.",
+        ),
+        (
+            {"severity": "warning", "scope": "rank", **unobserved, "run_id": "gpu-4-4242"},
+            FATAL,
+            "Rank 0 of job memexporter on gpu-4:9400 (cuda:0) stopped answering scrapes right after its "
+            "per-step peak reached 96% of its limit: it probably died of an out-of-memory error, an uncaught "
+            "CUDA OOM or the kernel's OOM killer. Check its exit status and log.",
+        ),
+        status3,
+    ]
     checks = (
         "    alert_rule_test:\n"
         "      # All five end right after their step at 30m. The helpers serve the end from the scrape at 30m15s: the\n"
@@ -73,84 +110,14 @@ def observed_end() -> str:
         + expect(
             "MemexporterFatalOOMSuspected",
             "33m",
-            [
-                (
-                    {
-                        "severity": "warning",
-                        "scope": "rank",
-                        **killed,
-                        "run_id": "cpu-1-4242",
-                        "cause": "oom_kill",
-                        "signal": "SIGKILL",
-                    },
-                    FATAL,
-                    "Rank 0 of job memexporter on cpu-1:9400 (cpu) ended by the memory cgroup's OOM killer (SIGKILL), "
-                    f"{HELPER} 80% of its limit.",
-                ),
-                (
-                    {
-                        "severity": "warning",
-                        "scope": "rank",
-                        **cuda,
-                        "run_id": "gpu-2-4242",
-                        "cause": "cuda_oom",
-                        "exit_code": "1",
-                    },
-                    FATAL,
-                    "Rank 0 of job memexporter on gpu-2:9400 (cuda:0) ended by a CUDA out-of-memory error (exit status 1), "
-                    f"{HELPER} 97% of its limit.",
-                ),
-                (
-                    {"severity": "warning", "scope": "rank", **unobserved, "run_id": "gpu-4-4242"},
-                    FATAL,
-                    "Rank 0 of job memexporter on gpu-4:9400 (cuda:0) stopped answering scrapes right after its "
-                    "per-step peak reached 96% of its limit: it probably died of an out-of-memory error, an uncaught "
-                    "CUDA OOM or the kernel's OOM killer. Check its exit status and log.",
-                ),
-                status3,
-            ],
+            firing,
         )
         + "      # Long after the grace period (the helpers exited at 31m05s: the targets are down), the clean end at\n"
         + "      # 95% still infers nothing: its observed end stays within the lost window.\n"
         + expect(
             "MemexporterFatalOOMSuspected",
             "40m",
-            [
-                (
-                    {
-                        "severity": "warning",
-                        "scope": "rank",
-                        **killed,
-                        "run_id": "cpu-1-4242",
-                        "cause": "oom_kill",
-                        "signal": "SIGKILL",
-                    },
-                    FATAL,
-                    "Rank 0 of job memexporter on cpu-1:9400 (cpu) ended by the memory cgroup's OOM killer (SIGKILL), "
-                    f"{HELPER} 80% of its limit.",
-                ),
-                (
-                    {
-                        "severity": "warning",
-                        "scope": "rank",
-                        **cuda,
-                        "run_id": "gpu-2-4242",
-                        "cause": "cuda_oom",
-                        "exit_code": "1",
-                    },
-                    FATAL,
-                    "Rank 0 of job memexporter on gpu-2:9400 (cuda:0) ended by a CUDA out-of-memory error (exit status 1), "
-                    f"{HELPER} 97% of its limit.",
-                ),
-                (
-                    {"severity": "warning", "scope": "rank", **unobserved, "run_id": "gpu-4-4242"},
-                    FATAL,
-                    "Rank 0 of job memexporter on gpu-4:9400 (cuda:0) stopped answering scrapes right after its "
-                    "per-step peak reached 96% of its limit: it probably died of an out-of-memory error, an uncaught "
-                    "CUDA OOM or the kernel's OOM killer. Check its exit status and log.",
-                ),
-                status3,
-            ],
+            firing,
         )
     )
     return _file(
