@@ -36,7 +36,6 @@ import os
 import re
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -45,6 +44,8 @@ from collections import Counter
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.scraper import Client  # after the path: run as a script
 
 FLOOD_THREADS = 4
 PROMETHEUS_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
@@ -162,17 +163,8 @@ def main() -> None:
 
     os.environ["MEMEXPORTER_DEBUG_TOKEN"] = TOKEN
     exp = memexporter.start(port=0, addr="127.0.0.1", debug=True)
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--client", str(exp.port)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-
-    def tell(cmd: str) -> None:
-        proc.stdin.write(cmd + "\n")  # type: ignore[union-attr]
-        proc.stdin.flush()  # type: ignore[union-attr]
+    flooder = Client(__file__, exp.port)
+    tell = flooder.tell
 
     per_block = steps_per_block(step, args.block)
 
@@ -199,7 +191,7 @@ def main() -> None:
         for path in args.endpoints.split(","):
             times: dict[str, list[tuple[float, float]]] = {"quiet": [], "flood": []}
             tell("report")
-            proc.stdout.readline()
+            flooder.answer()
             flood_s = 0.0
             for r in range(args.rounds):
                 for name in ("quiet", "flood") if r % 2 == 0 else ("flood", "quiet"):
@@ -209,10 +201,9 @@ def main() -> None:
                     flood_s += (time.monotonic() - started) if name == "flood" else 0.0
             tell("quiet")
             tell("report")
-            report = json.loads(proc.stdout.readline())
+            report = json.loads(flooder.answer())
             print(summary(path, times, report, flood_s))
-    proc.stdin.close()
-    proc.kill()
+    flooder.close()
     exp.stop()
 
 

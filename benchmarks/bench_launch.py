@@ -41,7 +41,6 @@ import os
 import random
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -49,6 +48,8 @@ from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.scraper import Client  # after the path: run as a script
 
 ROUTES = (
     ("/metrics", ""),
@@ -216,17 +217,8 @@ def main() -> None:
     if args.part in ("both", "flood"):
         start(True)()
         exp = state["exp"]
-        proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--client", str(exp.port)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdin is not None and proc.stdout is not None
-
-        def tell(cmd: str) -> None:
-            proc.stdin.write(cmd + "\n")  # type: ignore[union-attr]
-            proc.stdin.flush()  # type: ignore[union-attr]
+        flooder = Client(__file__, exp.port)
+        tell = flooder.tell
 
         blocks: dict[str, list[tuple[float, float, float]]] = {"quiet": [], "flood": []}  # wall, CPU per step, per s
         steps = {"quiet": [], "flood": []}
@@ -239,8 +231,8 @@ def main() -> None:
                 steps[name] += ts
         tell("quiet")
         tell("count")
-        answered = int(proc.stdout.readline())
-        proc.kill()
+        answered = int(flooder.answer())
+        flooder.close()
         teardown()
         quiet, flood = blocks["quiet"], blocks["flood"]
         print(f"flood / quiet with start()+track(), interleaved ({answered} flood requests answered)")

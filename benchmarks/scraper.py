@@ -10,16 +10,45 @@
         Prints "ok N" / "err N" counts at the end.
 
 Used by bench_scrape.py (--concurrency) and bench_overhead.py (the start+scrape variant).
+``Client`` drives a benchmark's own ``--client`` process (bench_flood.py, bench_launch.py) a line at a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
 import urllib.request
+
+
+class Client:
+    """``script --client PORT`` in a process of its own, told what to do one line at a time on its
+    stdin and answering on its stdout: the clients of bench_flood.py and bench_launch.py."""
+
+    def __init__(self, script: str, port: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(script), "--client", str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
+
+    def tell(self, cmd: str) -> None:
+        self._stdin.write(cmd + "\n")
+        self._stdin.flush()
+
+    def answer(self) -> str:
+        return self._stdout.readline()
+
+    def close(self) -> None:
+        self._stdin.close()
+        self.proc.kill()
 
 
 def _get(url: str) -> float:
