@@ -26,6 +26,18 @@ from tests.support.web import base, get_answer
 pytestmark = pytest.mark.usefixtures("no_exporter")
 
 
+def test_a_run_that_stops_before_the_report_still_says_the_port_is_taken(caplog: pytest.LogCaptureFixture) -> None:
+    """stop() right after start(), before the helper has reported its bind (a short script, a
+    framework run on a loaded box): the taken port is still logged, not lost with the helper."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with caplog.at_level(logging.ERROR, logger="memexporter"):
+            memexporter.start(port=port, addr="127.0.0.1").stop()
+    assert any(f"port {port} is already in use" in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_taken_port_logs_loudly_and_training_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

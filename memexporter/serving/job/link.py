@@ -46,6 +46,7 @@ log = logging.getLogger("memexporter")
 PUBLISH_EVERY = 1.0  # seconds between snapshots: a scrape's figures are at most about this old
 REPORT_WAIT = 10.0  # seconds a strict start() (or Exporter.port) waits for the helper to say how the bind went
 STOP_WAIT = 2.0  # seconds stop() waits for the helper to exit after SIGTERM, before SIGKILL
+STOP_REPORT_WAIT = 2.0  # seconds stop() waits for a bind report not yet in: a short run still hears of a taken port
 
 
 class Link:
@@ -235,6 +236,10 @@ class Link:
         """End the helper (SIGTERM, then SIGKILL after ``STOP_WAIT`` s), so the port is free on return."""
         if os.getpid() != self._pid or (self._closing and self.proc is None):
             return
+        if self.proc is not None and not self._reported.is_set() and threading.current_thread() is not self._thread:
+            # A run that ends before the helper reported (its start takes ~0.2 s, seconds on a loaded box)
+            # would otherwise never say that the port was taken.
+            self._reported.wait(STOP_REPORT_WAIT)
         self._closing = True
         proc, self.proc = self.proc, None
         if proc is not None:
