@@ -23,7 +23,8 @@ from tests.support.rank_exposition import AUTOMATIC_PHASES, CONTRACT_DETAIL, RUN
 from tests.support.ranksim import CPU_FOLLOWS, FOLLOWS, MiB, RankSim, Template
 from tests.support.ranksim_server import OPENMETRICS, TEXT, RankServers
 
-pytestmark = pytest.mark.integration
+# The templates come from real exporters in subprocesses (a module fixture): one worker makes them once.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ranksim")]
 
 RUN = "unit-run"
 
@@ -49,8 +50,9 @@ def sim_of(templates: dict[str, Template], ranks: int, policy: str = "after") ->
 
 def test_bodies_parse_and_pass_promtool(templates: dict[str, Template]) -> None:
     sim = sim_of(templates, 64)
+    now = time.time()  # one instant for every body: the values follow the clock (CI read 15 s apart)
     for r in (0, 8, 63):
-        text, om = sim.body(r, False, False).decode(), sim.body(r, True, False).decode()
+        text, om = sim.body(r, False, False, now).decode(), sim.body(r, True, False, now).decode()
         assert samples(text), r
         families = parse_openmetrics(om)  # type: ignore[no-untyped-call]
         assert {s.name for f in families for s in f.samples} >= {"memexporter_steps_total", RUN_INFO}
@@ -64,7 +66,7 @@ def test_bodies_parse_and_pass_promtool(templates: dict[str, Template]) -> None:
             check=False,
         )
         assert check.returncode == 0, check.stdout + check.stderr
-        assert gzip.decompress(sim.body(r, True, True)).decode() == om
+        assert gzip.decompress(sim.body(r, True, True, now)).decode() == om
 
 
 def test_ranks_differ_only_where_they_should(templates: dict[str, Template]) -> None:
