@@ -59,7 +59,9 @@ ANNOTATIONS = [(name, a) for name, dash in DASHBOARDS.items() for a in dash["ann
 ALERT_ANNOTATIONS = [(name, a) for name, a in ANNOTATIONS if metric_names(a["expr"]) & {"ALERTS", "ALERTS_FOR_STATE"}]
 PHASE_ANNOTATIONS = [(name, a) for name, a in ANNOTATIONS if (name, a) not in ALERT_ANNOTATIONS]
 # An evaluation forward every 5 steps (a second): the demo's out-of-step phase.
-DEMO_ARGS = ("--eval-every", "5")
+# The demo's model at a tenth of its CPU (its modules still fill every module panel), with an evaluation
+# every 5 steps for the phase panels and annotation.
+DEMO_ARGS = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--eval-every", "5")
 RUN_ID = "dashboards-live"  # the demo's run (MEMEXPORTER_RUN_ID), as a launcher would name it
 RUN_ALERT = "MemexporterMemoryLeak"  # fires run-wide in the synthetic rules below
 RULE_FILES = sorted((REPO_ROOT / "alerts").glob("*.yml"))  # alerts/ holds rules files only
