@@ -234,8 +234,12 @@ def test_a_first_setup_says_nothing_on_stderr(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stderr == "", out.stderr
-    editable = [c for c in (venv / "calls").read_text(encoding="utf-8").splitlines() if "-m pip install -q -e ." in c]
+    calls = (venv / "calls").read_text(encoding="utf-8").splitlines()
+    editable = [c for c in calls if "-m pip install" in c and " -e ." in c]
     # setuptools' "Editable installation ... be careful" warning, silenced (issue 27): this filter
     # is what hides it (checked by hand: PYTHONWARNINGS="ignore:Editable installation" pip install -e .).
     assert len(editable) == 1 and editable[0].endswith("| PYTHONWARNINGS=ignore:Editable installation"), editable
+    # pip leaves the bytecode to compileall, which compiles on every core after the install.
+    assert "--no-compile" in editable[0], editable
+    assert any(c.startswith("-m compileall -q -j 0 ") for c in calls[calls.index(editable[0]) :]), calls
     assert (venv / ".memexporter-setup").is_file()
