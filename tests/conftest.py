@@ -35,10 +35,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # keeps node ids where pytest-xdist 3.8 tags a group (pytest-dev/pytest-xdist#1386): every group
     # then spreads over every worker, each starting its own chain (a third more CPU, and four
     # VictoriaMetrics chains at once on 2 cores), and nothing says so. Say so, before any test runs.
-    if getattr(config.option, "dist", None) == "loadgroup" and tuple(map(int, pytest.__version__.split(".")[:2])) >= (
-        9,
-        2,
-    ):
+    pytest_minor = tuple(int(part) for part in pytest.__version__.split(".")[:2])
+    if getattr(config.option, "dist", None) == "loadgroup" and pytest_minor >= (9, 2):
         raise pytest.UsageError(
             f"--dist loadgroup does not group tests with pytest {pytest.__version__} (pytest-dev/pytest-xdist#1386): "
             "install the dev extra's pytest (pip install -e '.[dev]': pytest<9.2), or run with -p no:xdist"

@@ -239,7 +239,7 @@ class Link:
         if self.proc is not None and not self._reported.is_set() and threading.current_thread() is not self._thread:
             # A run that ends before the helper reported (its start takes ~0.2 s, seconds on a loaded box)
             # would otherwise never say that the port was taken.
-            self._reported.wait(STOP_REPORT_WAIT)
+            self.wait(STOP_REPORT_WAIT)
         self._closing = True
         proc, self.proc = self.proc, None
         if proc is not None:
