@@ -29,7 +29,7 @@ import pytest
 from memexporter import dashboards
 from memexporter.cli.demo import SIMULATED_OOM_EXIT
 from tests.support.alertmanager import Received, WebhookReceiver, routed_example, running_alertmanager
-from tests.support.demo import running_demo
+from tests.support.demo import SMALL_MODEL, running_demo
 from tests.support.ports import free_port
 from tests.support.process import tail
 from tests.support.prometheus import Prometheus, running_prometheus
@@ -38,7 +38,7 @@ from tests.support.rules import render_preset
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.2")
+TINY = (*SMALL_MODEL, "--step-interval", "0.2")
 # The young job: 1 MiB a step from the first step; the demo's default warm-up.
 YOUNG = (*TINY, "--memory-limit-mib", "1200", "--leak-mib-per-step", "1")
 # The slower leak: ~2 MiB/s toward 1 GiB, 60 % of the budget after ~2.5 min, the OOM after ~6 min

@@ -31,7 +31,7 @@ from memexporter import dashboards
 from memexporter.metrics import SPECS
 from tests.support import REPO_ROOT
 from tests.support.binaries import require
-from tests.support.demo import module_env, running_demo
+from tests.support.demo import SMALL_MODEL, module_env, running_demo
 from tests.support.ports import free_port
 from tests.support.process import running_command
 from tests.support.prometheus import Prometheus, running_prometheus
@@ -59,9 +59,9 @@ ANNOTATIONS = [(name, a) for name, dash in DASHBOARDS.items() for a in dash["ann
 ALERT_ANNOTATIONS = [(name, a) for name, a in ANNOTATIONS if metric_names(a["expr"]) & {"ALERTS", "ALERTS_FOR_STATE"}]
 PHASE_ANNOTATIONS = [(name, a) for name, a in ANNOTATIONS if (name, a) not in ALERT_ANNOTATIONS]
 # An evaluation forward every 5 steps (a second): the demo's out-of-step phase.
-# The demo's model at a tenth of its CPU (its modules still fill every module panel), with an evaluation
-# every 5 steps for the phase panels and annotation.
-DEMO_ARGS = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--eval-every", "5")
+# The small model's modules still fill every module panel; an evaluation every 5 steps gives the phase
+# panels and annotation something to show.
+DEMO_ARGS = (*SMALL_MODEL, "--eval-every", "5")
 RUN_ID = "dashboards-live"  # the demo's run (MEMEXPORTER_RUN_ID), as a launcher would name it
 RUN_ALERT = "MemexporterMemoryLeak"  # fires run-wide in the synthetic rules below
 RULE_FILES = sorted((REPO_ROOT / "alerts").glob("*.yml"))  # alerts/ holds rules files only

@@ -10,7 +10,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.demo import running_demo
+from tests.support.demo import SMALL_MODEL, running_demo
 from tests.support.ports import free_port
 from tests.support.web import get_text
 
@@ -19,7 +19,7 @@ MiB = 1 << 20
 # The leak estimate does not need a big model; a tiny one keeps the test fast on a busy CI box.
 # 10 steps/s, a training job's pace: the leak estimate skips the first 20 steps and 5 s and needs
 # a 3 s span (trend.py), so a demo at 20 steps/s would show its leak only after ~160 steps.
-TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.1")
+TINY = (*SMALL_MODEL, "--step-interval", "0.1")
 WEEK = 7 * 24 * 3600
 
 

@@ -28,7 +28,7 @@ import pytest
 
 from memexporter.diagnose.token import find
 from tests.support import REPO_ROOT
-from tests.support.demo import module_env, running_demo
+from tests.support.demo import SMALL_MODEL, module_env, running_demo
 from tests.support.ports import free_port
 from tests.support.process import running_command
 
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MiB = 1 << 20
 # 10 steps/s, a training job's pace: the leak estimate skips the first 20 steps and 5 s and needs
 # a 3 s span (trend.py), so a demo at 20 steps/s would show its leak only after ~160 steps.
-TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.1")
+TINY = (*SMALL_MODEL, "--step-interval", "0.1")
 
 # A user's training script: it knows nothing about memexporter, and keeps every step's batch.
 LEAKY_SCRIPT = textwrap.dedent(

@@ -16,14 +16,14 @@ import torch
 
 import memexporter
 from tests.support.browser import card, console_errors, headless_chromium, wait_for
-from tests.support.demo import running_demo
+from tests.support.demo import SMALL_MODEL, running_demo
 from tests.support.ports import free_port
 from tests.support.web import get_text
 
 pytestmark = pytest.mark.integration
 
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.1")
+TINY = (*SMALL_MODEL, "--step-interval", "0.1")
 
 
 def shown(n: float) -> str:

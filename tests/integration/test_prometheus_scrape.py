@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memexporter.metrics import SPECS
-from tests.support.demo import running_demo
+from tests.support.demo import SMALL_MODEL, running_demo
 from tests.support.ports import free_port
 from tests.support.prometheus import running_prometheus
 
@@ -16,14 +16,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CPU_SPECS = [s for s in SPECS if not s.cuda_only and not s.sharded_only and s.collector != "ending"]
 
 
-# The demo's model at a tenth of its CPU (every series is there whatever the model's size).
-TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4")
-
-
 def test_contract_series_are_queryable_in_prometheus() -> None:
     port = free_port()
     with (
-        running_demo(port, *TINY, "--leak-mib-per-step", "2", "--warmup-steps", "5", "--step-interval", "0.1"),
+        running_demo(port, *SMALL_MODEL, "--leak-mib-per-step", "2", "--warmup-steps", "5", "--step-interval", "0.1"),
         running_prometheus([f"127.0.0.1:{port}"]) as prom,
     ):
         prom.wait_targets_up(timeout=30)

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO_ROOT
-from tests.support.demo import module_env, running_demo
+from tests.support.demo import SMALL_MODEL, module_env, running_demo
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 
-TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4", "--step-interval", "0.1")
+TINY = (*SMALL_MODEL, "--step-interval", "0.1")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\r")
 
 

@@ -20,7 +20,7 @@ import pytest
 from memexporter import dashboards
 from tests.support.alertmanager import WebhookReceiver, running_alertmanager
 from tests.support.binaries import require
-from tests.support.demo import running_torchrun_demo
+from tests.support.demo import SMALL_MODEL, running_torchrun_demo
 from tests.support.ports import bindable, free_port_block
 from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.promql import substitute
@@ -29,9 +29,6 @@ from tests.support.rules import render_preset
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MiB = 1 << 20
-# The demo's model at a tenth of its CPU: the default one keeps each rank at half a core (5 steps/s on
-# 2 cores), and the imbalance is rank 1's extra GiB, not the model.
-TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4")
 RANKS = {"0", "1"}
 ALERT = "MemexporterRankImbalance"
 
@@ -57,7 +54,9 @@ def test_two_ranks_dashboards_and_rank_imbalance_alert(tmp_path: Path) -> None:
     with (
         WebhookReceiver() as hook,
         running_alertmanager(webhook_url=hook.url) as am,
-        running_torchrun_demo(base, *TINY, "--memory-limit-mib", "2048", "--rank-extra-mib", "1:1024") as torchrun,
+        running_torchrun_demo(
+            base, *SMALL_MODEL, "--memory-limit-mib", "2048", "--rank-extra-mib", "1:1024"
+        ) as torchrun,
         running_prometheus(targets, [demo_rules], alertmanager_url=am.url) as prom,
     ):
         prom.wait_targets_up(timeout=30)

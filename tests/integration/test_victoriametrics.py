@@ -33,7 +33,7 @@ from memexporter.dashboards.queries import panel_queries
 from tests.support import REPO_ROOT
 from tests.support.alertmanager import Alertmanager, WebhookReceiver, running_alertmanager, webhook_config
 from tests.support.binaries import require
-from tests.support.demo import demo_argv, module_env
+from tests.support.demo import SMALL_MODEL, demo_argv, module_env
 from tests.support.ports import free_port
 from tests.support.process import running_command, wait_ready
 from tests.support.prometheus import Prometheus, QueryError, running_prometheus
@@ -51,12 +51,11 @@ pytestmark = [pytest.mark.integration]
 # The live tests share one chain (a module fixture): one xdist worker runs them all (--dist loadgroup).
 LIVE = "victoriametrics_live"
 
-TINY = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4")
 # ~2 MiB/s from a ~330 MiB start toward 640 MiB: over half the budget at once, the simulated
 # OOM after about 2.5 minutes (later on a busy box), well after the alerts fire (~45 s).
-LEAKING = (*TINY, "--memory-limit-mib", "640", "--leak-mib-per-step", "0.4")
+LEAKING = (*SMALL_MODEL, "--memory-limit-mib", "640", "--leak-mib-per-step", "0.4")
 # An evaluation every 5 steps: the phase panels and annotation have an out-of-step phase to show.
-HEALTHY = (*TINY, "--memory-limit-mib", "1024", "--eval-every", "5")
+HEALTHY = (*SMALL_MODEL, "--memory-limit-mib", "1024", "--eval-every", "5")
 # Two leaking processes of one run (the run-wide alerts need two ranks) and a healthy run.
 LEAKING_RUN, HEALTHY_RUN = "vm-leaking", "vm-healthy"
 DEMOS = ((LEAKING, LEAKING_RUN), (LEAKING, LEAKING_RUN), (HEALTHY, HEALTHY_RUN))

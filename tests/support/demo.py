@@ -26,6 +26,11 @@ def module_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# The demo's model at a tenth of its CPU, for live tests that read the exporter, not the model's size: one
+# block of width 64 on 4 sequences of 32 tokens. The default model keeps a demo at half a core at 5 steps/s.
+SMALL_MODEL = ("--layers", "1", "--d-model", "64", "--seq-len", "32", "--batch-size", "4")
+
+
 def demo_args(port: int, *extra_args: str) -> list[str]:
     """``memexporter`` arguments for the CPU demo on ``port``, 5 steps a second."""
     return ["demo", "--device", "cpu", "--port", str(port), "--step-interval", "0.2", *extra_args]
