@@ -24,17 +24,20 @@ rm -f build/torch-versions/summary.txt
 "$VPY" scripts/torch_versions.py setup &
 versions=$!
 trap 'kill "$versions" 2>/dev/null || true' EXIT
-# Tests run in parallel processes (pytest-xdist): the long live tests mostly wait on real
-# Prometheus/Alertmanager and a training demo, so they overlap with the rest. --dist loadgroup
-# keeps each xdist_group (tests sharing one expensive fixture) on one worker. Slow tests name
-# themselves as they start and end (tests/support/progress.py). MEMEXPORTER_TEST_WORKERS=1: serial.
-workers="${MEMEXPORTER_TEST_WORKERS:-4}"
+# Tests run in parallel processes (pytest-xdist). --dist loadgroup keeps each xdist_group (tests
+# sharing one expensive fixture) on one worker; --no-loadscope-reorder leaves the order to
+# tests/support/schedule.py: the longest tests first, so their minutes of waiting on real
+# Prometheus, Alertmanager and paced demos overlap with the CPU-bound tests. Six workers on 2 cores:
+# the three live alert chains wait for minutes on end, each using a tenth of a core, and with four
+# the cores sat idle 16 % of the run. Slow tests name themselves as they start and end
+# (tests/support/progress.py). MEMEXPORTER_TEST_WORKERS=1: serial.
+workers="${MEMEXPORTER_TEST_WORKERS:-6}"
 echo "[test] pytest ($workers workers)"
 set +e
 if [[ "$workers" == "1" ]]; then
   "$VPY" -m pytest -q "$@"
 else
-  "$VPY" -m pytest -q -n "$workers" --dist loadgroup "$@"
+  "$VPY" -m pytest -q -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"
 fi
 rc=$?
 # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.

@@ -1,6 +1,6 @@
 """Suite-wide set-up: the shared fixtures (``tests/support/fixtures.py``), progress lines for the
-slow tests (``tests/support/progress.py``), and one compute thread per process when the tests run
-in parallel."""
+slow tests (``tests/support/progress.py``), the longest tests first under xdist
+(``tests/support/schedule.py``), and one compute thread per process when the tests run in parallel."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.progress import Progress
 
-pytest_plugins = ["tests.support.fixtures"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.schedule"]
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Several workers, each starting demos and torchrun children, on a machine with few cores:

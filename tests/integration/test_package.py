@@ -20,7 +20,7 @@ from tests.support import REPO_ROOT
 
 # One worker builds for the module: two builds at once in the checkout raced on setuptools' staging
 # folder (memexporter-0.2.0/) and CI saw "No such file or directory" from the sdist.
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.xdist_group("package-build")]
+pytestmark = [pytest.mark.slow(seconds=30), pytest.mark.integration, pytest.mark.xdist_group("package-build")]
 
 
 @pytest.fixture(scope="module")

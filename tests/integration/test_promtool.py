@@ -70,6 +70,7 @@ def test_promtool_check_rules_fresh_rendering(tmp_path: Path, kwargs: dict[str, 
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow(seconds=40)  # every file of alerts/tests in one promtool
 def test_promtool_unit_tests_pass() -> None:
     assert len(TEST_FILES) >= 4, "alerts/tests/*.yml went missing"
     result = run(require("promtool"), "test", "rules", *TEST_FILES)

@@ -27,7 +27,7 @@ from tests.support.demo import module_env, running_demo
 from tests.support.ports import free_port
 from tests.support.web import get_text
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=35)]
 
 UPDATE = os.environ.get("MEMEXPORTER_UPDATE_SCREENSHOTS") == "1"
 MODEL = ("--layers", "2", "--d-model", "128", "--seq-len", "64", "--batch-size", "8", "--step-interval", "0.1")

@@ -67,7 +67,7 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=55)
 def test_peaks_fits_and_max_fit_on_a_script_of_known_memory(tmp_path: Path, script: Path) -> None:
     # Calibrate: what batch=1 peaks at on this machine (the interpreter and torch are most of it).
     _, first = sweep(tmp_path, "--grid", "batch=1", "--steps", "3", "--", sys.executable, str(script), "{batch}")

@@ -50,6 +50,8 @@ from tests.support.victoriametrics import (
 pytestmark = [pytest.mark.integration]
 # The live tests share one chain (a module fixture): one xdist worker runs them all (--dist loadgroup).
 LIVE = "victoriametrics_live"
+# The chain and its eight tests take about 100 s on 2 cores: started first (tests/support/schedule.py).
+SLOW = pytest.mark.slow(seconds=100)
 
 # ~2 MiB/s from a ~330 MiB start toward 640 MiB: over half the budget at once, the simulated
 # OOM after about 2.5 minutes (later on a busy box), well after the alerts fire (~45 s).
@@ -264,7 +266,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         yield state
 
 
-@pytest.mark.slow
+@SLOW
 @pytest.mark.xdist_group(LIVE)
 def test_vmalert_fires_what_prometheus_fires(live: Live, record_property: Any) -> None:
     print(_describe(live))
@@ -282,7 +284,7 @@ def test_vmalert_fires_what_prometheus_fires(live: Live, record_property: Any) -
         record_property(f"{name}_{dict(labels)['instance']}_vmalert_lag_seconds", round(lag))
 
 
-@pytest.mark.slow
+@SLOW
 @pytest.mark.xdist_group(LIVE)
 def test_run_wide_alerts_fire_under_vmalert(live: Live, record_property: Any) -> None:
     # One alert per run and severity (scope="run") when two ranks of the run fire: under vmalert
@@ -302,7 +304,7 @@ def test_run_wide_alerts_fire_under_vmalert(live: Live, record_property: Any) ->
         record_property(f"{name}_run_vmalert_lag_seconds", round(vma[labels] - prom[labels]))
 
 
-@pytest.mark.slow
+@SLOW
 @pytest.mark.xdist_group(LIVE)
 def test_vmalert_fires_nothing_prometheus_does_not(live: Live) -> None:
     prom, vma = live.firing("prometheus"), live.firing("vmalert")
@@ -316,7 +318,7 @@ def test_vmalert_fires_nothing_prometheus_does_not(live: Live) -> None:
     assert not on_healthy, f"alerts fired on the healthy run: {on_healthy}"
 
 
-@pytest.mark.slow
+@SLOW
 @pytest.mark.xdist_group(LIVE)
 def test_vmalert_evaluates_every_rule_without_error(live: Live) -> None:
     errors = {
@@ -328,7 +330,7 @@ def test_vmalert_evaluates_every_rule_without_error(live: Live) -> None:
     assert not errors, f"vmalert's last evaluation failed for {len(errors)} rules: {errors}"
 
 
-@pytest.mark.slow
+@SLOW
 @pytest.mark.xdist_group(LIVE)
 def test_alertmanager_sends_the_pairs_alert_once(live: Live) -> None:
     # The alerts both fired (a run-wide one vmalert missed: test_run_wide_alerts_fire_under_vmalert).
@@ -349,7 +351,7 @@ def test_alertmanager_sends_the_pairs_alert_once(live: Live) -> None:
         assert len(notes) == 1, f"{name}: {len(notes)} firing notifications, expected one: {[r.payload for r in notes]}"
 
 
-@pytest.mark.slow
+@SLOW
 @pytest.mark.xdist_group(LIVE)
 def test_a_second_vmalert_restores_the_alerts_state(live: Live) -> None:
     # -remoteRead.url: a restarted vmalert (or an HA replica) reads ALERTS_FOR_STATE back and
@@ -376,7 +378,7 @@ def _comparable(name: str, metric: dict[str, str], live: Live) -> Labels:
     return frozenset((k, v) for k, v in metric.items() if k not in PICKED)
 
 
-@pytest.mark.slow
+@SLOW
 @pytest.mark.xdist_group(LIVE)
 def test_recording_rules_land_in_victoriametrics(live: Live) -> None:
     # vmalert wrote them (-remoteWrite.url): the same series as Prometheus records, label for label.
@@ -403,7 +405,7 @@ def test_recording_rules_land_in_victoriametrics(live: Live) -> None:
         assert {s["metric"]["alertname"] for s in found} >= set(EXPECTED), (series, found)
 
 
-@pytest.mark.slow
+@SLOW
 @pytest.mark.xdist_group(LIVE)
 def test_dashboard_queries_answer_from_victoriametrics(live: Live) -> None:
     # As Grafana sends them, with All selected, over the last minute (range) or now (instant).

@@ -30,7 +30,7 @@ from tests.support.process import tail
 from tests.support.promql import substitute
 
 # One torchrun launch serves every test here (a module-scoped fixture): keep them on one xdist worker.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("sharded_modules")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=40), pytest.mark.xdist_group("sharded_modules")]
 
 WORKER = Path(__file__).parent / "scripts" / "sharded_worker.py"
 WORLD = 2

@@ -24,7 +24,7 @@ from tests.support.ranksim import CPU_FOLLOWS, FOLLOWS, MiB, RankSim, Template
 from tests.support.ranksim_server import OPENMETRICS, TEXT, RankServers
 
 # The templates come from real exporters in subprocesses (a module fixture): one worker makes them once.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ranksim")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=40), pytest.mark.xdist_group("ranksim")]
 
 RUN = "unit-run"
 

@@ -19,7 +19,7 @@ from tests.support.replay import Replay, load_trace, replay
 
 EIGHT_MIB = ["trace-native-8mib", "trace-expandable-8mib", "trace-async-8mib"]
 # The four replays are a module fixture (~8 CPU-s): one worker replays them once.
-pytestmark = pytest.mark.xdist_group("trend_replay")
+pytestmark = [pytest.mark.slow(seconds=40), pytest.mark.xdist_group("trend_replay")]
 
 
 @pytest.fixture(scope="module")
