@@ -58,7 +58,7 @@ def test_forward_deltas_are_exported_when_recorded() -> None:
 
 @pytest.mark.slow
 def test_scrapes_race_training_without_errors() -> None:
-    seconds = float(os.environ.get("MEMEXPORTER_STRESS_SECONDS", "20"))
+    seconds = float(os.environ.get("MEMEXPORTER_STRESS_SECONDS", "8"))  # the suite's share; longer by hand
     torch.manual_seed(0)
     model = TiedNet(False)
     opt = torch.optim.AdamW(model.parameters())
