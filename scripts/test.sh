@@ -7,11 +7,26 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 VPY="${MEMEXPORTER_VENV:-.venv}/bin/python"
 export MEMEXPORTER_REQUIRE_BINARIES=1   # missing binaries fail the run instead of skipping
-echo "[test] ruff"; "$VPY" -m ruff format --check memexporter tests benchmarks; "$VPY" -m ruff check memexporter tests benchmarks
-# mypy's cache outlives the clone, as the torch venvs do: a fresh clone re-checks only what changed
-# (its cache validates each module by its source's hash), about a minute less on 2 cores.
-echo "[test] mypy"; MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/memexporter/mypy}" "$VPY" -m mypy
-echo "[test] generated files"; "$VPY" -m memexporter.cli.generate --check
+# Lint beside pytest: ruff, mypy and the generated-file check each use one core, and run before
+# pytest they left the other idle for a minute. Their output (build/lint.log) comes after pytest's;
+# any failure among them fails the run.
+lint() {
+  local status=0
+  echo "[test] ruff"
+  "$VPY" -m ruff format --check memexporter tests benchmarks || status=1
+  "$VPY" -m ruff check memexporter tests benchmarks || status=1
+  # mypy's cache outlives the clone, as the torch venvs do: a fresh clone re-checks only what changed
+  # (its cache validates each module by its source's hash), about a minute less on 2 cores.
+  echo "[test] mypy"
+  MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/memexporter/mypy}" "$VPY" -m mypy || status=1
+  echo "[test] generated files"
+  "$VPY" -m memexporter.cli.generate --check || status=1
+  return $status
+}
+mkdir -p build
+echo "[test] lint (ruff, mypy, generated files) beside pytest: build/lint.log"
+lint > build/lint.log 2>&1 &
+linting=$!
 # The torch versions users run (the oldest claimed, 2.11, the newest: scripts/torch_versions.py): each
 # in its cached venv (set up once, outside the clone). The set-up (a download on a first run, a check
 # after) runs beside pytest; the tests run after it, the three side by side on the two cores. Beside
@@ -23,7 +38,7 @@ echo "[test] generated files"; "$VPY" -m memexporter.cli.generate --check
 rm -f build/torch-versions/summary.txt
 "$VPY" scripts/torch_versions.py setup &
 versions=$!
-trap 'kill "$versions" 2>/dev/null || true' EXIT
+trap 'kill "$versions" "$linting" 2>/dev/null || true' EXIT
 # Tests run in parallel processes (pytest-xdist). --dist loadgroup keeps each xdist_group (tests
 # sharing one expensive fixture) on one worker; --no-loadscope-reorder leaves the order to
 # tests/support/schedule.py: the longest tests first, so their minutes of waiting on real
@@ -43,11 +58,16 @@ rc=$?
 # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
 [[ $rc -eq 5 ]] && { echo "[test] pytest collected no tests" >&2; rc=1; }
 wait "$versions"  # the set-up: its failure shows in the run's outcome below
+wait "$linting"
+lint_rc=$?
 trap - EXIT
+cat build/lint.log
+[[ $lint_rc -ne 0 ]] && echo "[test] lint FAILED (above)" >&2
 echo "[test] the other torch versions"
 "$VPY" scripts/torch_versions.py run
 versions_rc=$?
 set -e
 [[ -f build/torch-versions/summary.txt ]] && cat build/torch-versions/summary.txt
 [[ $rc -ne 0 ]] && exit $rc
+[[ $lint_rc -ne 0 ]] && exit $lint_rc
 exit $versions_rc

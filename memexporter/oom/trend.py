@@ -87,17 +87,29 @@ class TrendEstimate:
     committed_bytes_per_second: float = 0.0
 
 
+def _median(a: Vector) -> float:
+    """``np.median`` of a non-empty array of finite values, with the same result: the middle value,
+    or the mean of the two middle ones. A selection (``np.partition``) and nothing else: np.median's
+    NaN checks and generic reduction were half of an estimate's time, a few times a second in the
+    exporter's thread and at every step of a replay."""
+    k, odd = divmod(a.size, 2)
+    if odd:
+        return float(np.partition(a, k)[k])
+    low, high = np.partition(a, (k - 1, k))[k - 1 : k + 1]
+    return float((low + high) / 2)
+
+
 def _median_slope(dy: Vector, dx: Vector) -> float:
     """Theil-Sen: the median of the pairwise slopes dy/dx over pairs with dx > 0 (0 if none)."""
     keep = dx > 0  # equal times (a coarse clock) carry no slope
-    return float(np.median(dy[keep] / dx[keep])) if keep.any() else 0.0
+    return _median(dy[keep] / dx[keep]) if keep.any() else 0.0
 
 
 def _is_significant(x: Vector, y: Vector, slope: float, floor: float = NOISE_FLOOR_BYTES) -> bool:
     """Whether the fitted rise over the window stands out of the residuals' robust noise and ``floor``."""
     resid = y - slope * x
-    resid -= np.median(resid)
-    sigma = 1.4826 * float(np.median(np.abs(resid)))  # MAD scaled to a Gaussian sigma
+    resid -= _median(resid)
+    sigma = 1.4826 * _median(np.abs(resid))  # MAD scaled to a Gaussian sigma
     rise = abs(slope * float(x[-1] - x[0]))
     return rise > max(NOISE_SIGMAS * sigma * _inflation(resid, sigma), floor)
 
@@ -116,7 +128,7 @@ def _inflation(resid: Vector, sigma: float) -> float:
     """
     if sigma <= 0 or len(resid) < 3:
         return 1.0
-    diff_sigma = 1.4826 * float(np.median(np.abs(np.diff(resid))))
+    diff_sigma = 1.4826 * _median(np.abs(np.diff(resid)))
     rho = min(max(1.0 - diff_sigma**2 / (2 * sigma**2), 0.0), MAX_AUTOCORRELATION)
     return math.sqrt((1 + rho) / (1 - rho))
 

@@ -1,6 +1,6 @@
 """The order the xdist workers take the tests in: the longest first.
 
-Under ``--dist loadgroup --no-loadscopereorder`` (scripts/test.sh) pytest-xdist hands out units of
+Under ``--dist loadgroup --no-loadscope-reorder`` (scripts/test.sh) pytest-xdist hands out units of
 work (one test, or all the tests of an ``xdist_group``) in collection order: two to each worker at
 the start, then one each time a worker finishes a test. Collected in file order, the live tests
 that spend minutes waiting on Prometheus, Alertmanager or a paced demo started wherever their

@@ -24,6 +24,7 @@ from tests.support.callback_trainers import (
     lightning,
     make_module,
     rss,
+    settled_rss,
     tiny_gpt2,
     transformers,
 )
@@ -71,7 +72,7 @@ def test_lightning_checkpoint_on_oom_risk(
 
     ckpt_dir = tmp_path / "ckpt"
     module = make_module(L, leak=LEAK if leaking else 0, step_sleep=RISK_STEP_S)
-    limit = rss() + HEADROOM
+    limit = settled_rss() + HEADROOM
     oom = type("Oom", (SimulatedOom, L.Callback), {})(limit, ckpt_dir)
     callback = MemexporterCallback(
         port=0, addr="127.0.0.1", save_checkpoint_on_oom_risk=True, memory_limit_bytes=limit, warmup_steps=0
