@@ -90,7 +90,7 @@ def warned(hook: WebhookReceiver, demo: subprocess.Popen[bytes], timeout: float,
     return warning
 
 
-@pytest.mark.slow(seconds=200)
+@pytest.mark.slow(seconds=200, waits=True)
 def test_young_demo_is_warned_before_it_stops(tmp_path: Path, record_property: Any) -> None:
     with live_chain(tmp_path, *YOUNG) as (hook, demo, prom):
         started = time.time()
@@ -122,7 +122,7 @@ def test_young_demo_is_warned_before_it_stops(tmp_path: Path, record_property: A
         assert abs(float(mark["value"][1]) / 1000 - stopped) < 15, (mark, stopped)
 
 
-@pytest.mark.slow(seconds=300)
+@pytest.mark.slow(seconds=300, waits=True)
 def test_page_arrives_before_the_simulated_oom(tmp_path: Path, record_property: Any) -> None:
     with live_chain(tmp_path, *SLOW) as (hook, demo, prom):
         started = time.time()
@@ -143,7 +143,7 @@ def test_page_arrives_before_the_simulated_oom(tmp_path: Path, record_property: 
         assert headroom_mib > 0
 
 
-@pytest.mark.slow(seconds=140)
+@pytest.mark.slow(seconds=140, waits=True)
 def test_stalled_demo_pages_while_its_process_is_up(tmp_path: Path, record_property: Any) -> None:
     # Issue 23: a job that stops stepping (a hung collective) keeps its memory flat and every
     # memory alert quiet. The demo steps 40 times, then hangs with its process up.

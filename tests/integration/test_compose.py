@@ -321,7 +321,7 @@ def _raw(port: int, request: bytes) -> bytes:
         return sock.recv(64)
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=30, waits=True)
 @pytest.mark.integration
 def test_shipped_routing_pages_through_the_webhook_receiver(tmp_path: Path) -> None:
     """A real Alertmanager with the mounted example config (its placeholder hosts pointed at the

@@ -40,7 +40,11 @@ from tests.support.rules import render_preset
 
 # One module-scoped demo + Prometheus serves every test here: keep them on one xdist worker
 # (--dist loadgroup), or each worker would start its own.
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=60), pytest.mark.xdist_group("dashboards_live")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow(seconds=60, waits=True),
+    pytest.mark.xdist_group("dashboards_live"),
+]
 
 SECONDS_OF_DATA = 25
 DASHBOARDS = {

@@ -20,7 +20,7 @@ from memexporter.backends.host import HostBackend
 from memexporter.oom import risk
 from memexporter.oom.risk import OomRisk
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=30), pytest.mark.usefixtures("no_exporter")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=30, waits=True), pytest.mark.usefixtures("no_exporter")]
 
 MiB = 1 << 20
 STEP_S = 0.1

@@ -39,7 +39,7 @@ from tests.support.ranksim import RankSim, Template
 from tests.support.ranksim_server import RankServers
 from tests.support.rules import render_preset
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=90)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=90, waits=True)]
 
 RANKS = 8
 ALL, ONE, LEAKER = "all-leak", "one-leak", 2

@@ -26,7 +26,7 @@ from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.promql import substitute
 from tests.support.rules import render_preset
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=85)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=85, waits=True)]
 
 MiB = 1 << 20
 RANKS = {"0", "1"}

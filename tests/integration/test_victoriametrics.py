@@ -50,8 +50,8 @@ from tests.support.victoriametrics import (
 pytestmark = [pytest.mark.integration]
 # The live tests share one chain (a module fixture): one xdist worker runs them all (--dist loadgroup).
 LIVE = "victoriametrics_live"
-# The chain and its eight tests take about 100 s on 2 cores: started first (tests/support/schedule.py).
-SLOW = pytest.mark.slow(seconds=100)
+# The chain and its eight tests take about 100 s on 2 cores, mostly waiting (tests/support/schedule.py).
+SLOW = pytest.mark.slow(seconds=100, waits=True)
 
 # ~2 MiB/s from a ~330 MiB start toward 640 MiB: over half the budget at once, the simulated
 # OOM after about 2.5 minutes (later on a busy box), well after the alerts fire (~45 s).

@@ -1,71 +1,98 @@
-"""The order the xdist workers take the tests in: the longest first.
+"""The order the xdist workers take the tests in: the long ones first, and never only waiting ones.
 
 Under ``--dist loadgroup --no-loadscope-reorder`` (scripts/test.sh) pytest-xdist hands out units of
 work (one test, or all the tests of an ``xdist_group``) in collection order: two to each worker at
 the start, then one each time a worker finishes a test. Collected in file order, the live tests
 that spend minutes waiting on Prometheus, Alertmanager or a paced demo started wherever their
-file fell. In a fresh-clone run of 2026-11-28 the two-minute stalled-job test started at 9.5
-minutes and the torchrun test at 9.6; the suite ended on them with a core idle, and 16 % of the
-run's CPU time was idle.
+file fell: in a fresh-clone run of 2026-11-28 the two-minute stalled-job test started at 9.5
+minutes and the torchrun test at 9.6, the suite ended on them with a core idle, and 16 % of the
+run's CPU time was idle. Sorted longest first, the six longest were all waiting ones: six
+workers waited together and the cores sat 60 % idle for two minutes.
 
-Here the units are sorted by their expected wall time, longest first (LPT scheduling), so the long
-waits overlap with the short CPU-bound tests, and the run ends on many short tests. One subtlety:
-a worker runs the unit it holds only when it holds the next one too (pytest tears fixtures down
-knowing the next test), so the second unit handed to each worker at the start waits for the
-first. The first ``workers`` units are the longest; the next ``workers`` are short ones, then the
-rest continue longest first.
+So the order is planned. A unit's expected time is the ``seconds`` of its ``slow`` mark
+(``@pytest.mark.slow(seconds=300)``: its wall time in a full run on 2 cores, rounded; for an
+``xdist_group``, the whole group's), ``DEFAULT_SLOW_S`` for a slow test without one, and
+``QUICK_S`` for the rest. ``waits=True`` on the mark says it mostly waits (a tenth of a core or
+so). The plan gives the waiting units ``WAITING_SHARE`` of the workers and the others the rest,
+each group longest first on its own workers (LPT scheduling), and hands the units out in the
+order the plan starts them. One subtlety: a worker runs the unit it holds only once it holds the
+next one (pytest tears fixtures down knowing the next test), so the second unit each worker gets
+at the start waits for the first: those are the quickest units of all.
 
-A unit's expected time is the ``seconds`` of its ``slow`` mark (``@pytest.mark.slow(seconds=300)``:
-its wall time in a full run on 2 cores, rounded; for an ``xdist_group``, the whole group's),
-``DEFAULT_SLOW_S`` for a slow test without one, and 0 for the rest, which keep their order.
 Only the workers sort (each sorts its collection the same way: xdist checks that they agree); a
-run without xdist keeps the file order.
-
-Registered by ``tests/conftest.py``.
+run without xdist keeps the file order. Registered by ``tests/conftest.py``.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
+from dataclasses import dataclass
 
 import pytest
 
-DEFAULT_SLOW_S = 15.0  # a slow test without seconds: the median of the slow tests' wall times
+DEFAULT_SLOW_S = 15.0  # a slow test without seconds: about the median of the slow tests' wall times
+QUICK_S = 0.1  # an unmarked test: the suite's unit tests average this
+WAITING_SHARE = 0.5  # of the workers, at most this many hold waiting units in the plan
 
 
-def expected_seconds(item: pytest.Item) -> float:
-    """The item's expected wall time, from its ``slow`` mark (the closest: a function's over its module's)."""
+@dataclass(eq=False)  # units compare by identity
+class Unit:
+    """What xdist hands out as one: a test, or an ``xdist_group``'s tests."""
+
+    name: str
+    items: list[pytest.Item]
+    seconds: float = 0.0
+    waits: bool = False
+    start: float = 0.0  # in the plan
+
+
+def _mark(item: pytest.Item) -> tuple[float, bool]:
+    """Expected seconds and whether it mostly waits, from the closest ``slow`` mark."""
     mark = item.get_closest_marker("slow")
     if mark is None:
-        return 0.0
-    return float(mark.kwargs.get("seconds", DEFAULT_SLOW_S))
+        return QUICK_S, False
+    return float(mark.kwargs.get("seconds", DEFAULT_SLOW_S)), bool(mark.kwargs.get("waits", False))
 
 
-def unit_of(item: pytest.Item) -> str:
-    """What xdist hands out as one: the item's ``xdist_group``, else the item itself."""
-    mark = item.get_closest_marker("xdist_group")
-    if mark is not None:
-        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    return item.nodeid
-
-
-def longest_first(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
-    """``items`` by unit, longest unit first, with the second round of ``workers`` units short ones."""
-    units: dict[str, list[pytest.Item]] = {}
+def units_of(items: list[pytest.Item]) -> list[Unit]:
+    """The items grouped as xdist groups them, in file order; a group is as long as its longest mark says."""
+    units: dict[str, Unit] = {}
     for item in items:
-        units.setdefault(unit_of(item), []).append(item)
-    length = {name: max(expected_seconds(i) for i in members) for name, members in units.items()}
-    order = sorted(units, key=lambda name: -length[name])  # stable: equal lengths keep file order
-    # The short units for the second round: the last ones, which are the shortest (and, among the
-    # many of length 0, the last in file order: unit tests of a few milliseconds).
+        mark = item.get_closest_marker("xdist_group")
+        name = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")) if mark else item.nodeid
+        unit = units.setdefault(name, Unit(name, []))
+        unit.items.append(item)
+        seconds, waits = _mark(item)
+        unit.seconds = max(unit.seconds, seconds)
+        unit.waits = unit.waits or waits
+    return list(units.values())
+
+
+def _lpt(units: list[Unit], slots: int) -> None:
+    """Start times of ``units`` on ``slots`` workers, longest first, each on the first one free."""
+    free = [0.0] * max(slots, 1)
+    for unit in sorted(units, key=lambda u: -u.seconds):  # stable: equal lengths keep file order
+        unit.start = heapq.heappop(free)
+        heapq.heappush(free, unit.start + unit.seconds)
+
+
+def plan(units: list[Unit], workers: int) -> list[Unit]:
+    """``units`` in the order the plan starts them, the second round of ``workers`` the quickest."""
+    waiting = [u for u in units if u.waits]
+    for_waiting = min(len(waiting), max(1, int(workers * WAITING_SHARE)))
+    _lpt(waiting, for_waiting)
+    _lpt([u for u in units if not u.waits], workers - for_waiting)
+    order = sorted(units, key=lambda u: u.start)
     head, tail = order[:workers], order[workers:]
-    second = tail[-workers:] if len(tail) > 2 * workers else []
-    rest = tail[: len(tail) - len(second)]
-    return [item for name in (*head, *second, *rest) for item in units[name]]
+    if len(tail) <= 2 * workers:
+        return order
+    quickest = sorted(tail, key=lambda u: u.seconds)[:workers]
+    return head + quickest + [u for u in tail if u not in quickest]
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
-        items[:] = longest_first(items, workers)
+        items[:] = [item for unit in plan(units_of(items), workers) for item in unit.items]

@@ -1,10 +1,13 @@
-"""The workers' queue (tests/support/schedule.py): the longest tests first, a short one second.
+"""The workers' queue (tests/support/schedule.py): long tests first, waiting ones on at most half
+the workers, and the quickest units second.
 
 Run on a tiny suite under real pytest-xdist, as scripts/test.sh runs the suite (``--dist loadgroup
---no-loadscope-reorder``): ten quick tests in file order, then two slow ones of different lengths
-and an xdist_group whose length is on one member. Each worker writes the order it collected and
-the tests it ran. Before this plugin the file order held, so the longest started last: in a
-fresh-clone run of 2026-11-28 the suite ended on a two-minute test that had started at 9.5 min.
+--no-loadscope-reorder``): ten quick tests in file order, then slow ones of different lengths, an
+xdist_group whose length is on one member, and two that mostly wait. Each worker writes the order
+it collected and the tests it ran. Before the plugin the file order held, so the longest started
+last (in a fresh-clone run of 2026-11-28 the suite ended on a two-minute test that had started at
+9.5 min); sorted by length alone, the waiting tests took every worker at the start and the cores
+sat 60 % idle for two minutes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO_ROOT
+from tests.support.schedule import Unit, plan
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +50,14 @@ def test_pair_first(request):
 @pytest.mark.xdist_group("pair")
 def test_pair_second(request):
     _ran(request)
+
+@pytest.mark.slow(seconds=300, waits=True)
+def test_waits_300(request):
+    _ran(request)
+
+@pytest.mark.slow(seconds=200, waits=True)
+def test_waits_200(request):
+    _ran(request)
 """
 CONFTEST = """
 import os
@@ -53,7 +65,7 @@ import os
 pytest_plugins = ["tests.support.schedule"]
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow(seconds): a long test")
+    config.addinivalue_line("markers", "slow(seconds, waits): a long test")
 
 def pytest_collection_finish(session):
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -89,26 +101,43 @@ def run_tiny(tmp_path: Path, *options: str, suite: str = SUITE) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_longest_start_first_and_a_short_test_waits_behind_each(tmp_path: Path) -> None:
+def test_a_long_test_and_a_waiting_one_start_first_and_a_quick_one_waits_behind_each(tmp_path: Path) -> None:
     run_tiny(tmp_path, "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
     orders = {p.read_text() for p in tmp_path.glob("log.gw*.order")}
     assert len(orders) == 1, "the workers sorted their collections alike (xdist refuses a run otherwise)"
-    # The two longest units (the pair counts as 70 s, its first member's), then the two shortest
-    # (the last quick tests in file order), then the rest longest first, equals in file order.
+    # Two workers: one for the waiting tests (the 200 s one starts when the 300 s one ends, in the
+    # plan), one for the rest, longest first (the pair counts as 70 s, its first member's mark).
+    # The first two units start at once; the next two, queued behind them, are the quickest.
     quick = [f"test_quick[{i}]" for i in range(10)]
     assert orders.pop().splitlines() == [
         "test_longest",
+        "test_waits_300",
+        *quick[:2],
         "test_pair_first",
         "test_pair_second",
-        *quick[8:],
         "test_long",
-        *quick[:8],
+        *quick[2:],
+        "test_waits_200",
     ]
     first = {p.read_text().splitlines()[0] for p in tmp_path.glob("log.gw*.ran")}
-    assert first == {"test_longest", "test_pair_first"}, "each worker starts on one of the two longest"
+    assert first == {"test_longest", "test_waits_300"}, "one worker starts the longest, the other the waiting one"
 
 
 def test_without_xdist_the_file_order_holds(tmp_path: Path) -> None:
     run_tiny(tmp_path, suite=SUITE.replace('os.environ["PYTEST_XDIST_WORKER"]', '"main"'))
     ran = (tmp_path / "log.main.ran").read_text().splitlines()
-    assert ran[:10] == [f"test_quick[{i}]" for i in range(10)] and ran[-1] == "test_pair_second", ran
+    assert ran[:10] == [f"test_quick[{i}]" for i in range(10)] and ran[-1] == "test_waits_200", ran
+
+
+def test_six_workers_start_three_waiting_units_and_the_three_longest_others() -> None:
+    # The suite's shape: live chains that wait for minutes, CPU-bound tests, many quick ones.
+    waiting = [Unit(f"wait-{s}", [], float(s), waits=True) for s in (300, 200, 140, 100, 90, 85)]
+    busy = [Unit(f"busy-{s}", [], float(s)) for s in (55, 55, 40, 40, 30, 15, 15)]
+    quick = [Unit(f"quick-{i}", [], 0.1) for i in range(40)]
+    units = [*quick, *busy, *waiting]
+    order = [u.name for u in plan(units, workers=6)]
+    assert sorted(order[:6]) == ["busy-40", "busy-55", "busy-55", "wait-140", "wait-200", "wait-300"]
+    assert order[6:12] == [f"quick-{i}" for i in range(6)], "the second round: the quickest"
+    # The next waiting unit enters when the plan's first one ends (140 s), after the busy ones begun by then.
+    assert order.index("wait-100") > order.index("busy-15")
+    assert sorted(order) == sorted(u.name for u in units), "every unit once"
