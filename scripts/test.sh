@@ -41,11 +41,11 @@ versions=$!
 trap 'kill "$versions" "$linting" 2>/dev/null || true' EXIT
 # Tests run in parallel processes (pytest-xdist). --dist loadgroup keeps each xdist_group (tests
 # sharing one expensive fixture) on one worker; --no-loadscope-reorder leaves the order to
-# tests/support/schedule.py: the longest tests first, so their minutes of waiting on real
-# Prometheus, Alertmanager and paced demos overlap with the CPU-bound tests. Six workers on 2 cores:
-# the three live alert chains wait for minutes on end, each using a tenth of a core, and with four
-# the cores sat idle 16 % of the run. Slow tests name themselves as they start and end
-# (tests/support/progress.py). MEMEXPORTER_TEST_WORKERS=1: serial.
+# tests/support/schedule.py's plan: the tests that spend minutes waiting on real Prometheus,
+# Alertmanager or paced demos on half the workers, the CPU-bound ones on the other half, each
+# longest first. Six workers on 2 cores, as the waiting ones use a tenth of a core each: with four
+# in file order the cores sat idle 16 % of the run. Slow tests name themselves as they start and
+# end (tests/support/progress.py). MEMEXPORTER_TEST_WORKERS=1: serial.
 workers="${MEMEXPORTER_TEST_WORKERS:-6}"
 echo "[test] pytest ($workers workers)"
 set +e

@@ -90,8 +90,9 @@ class TrendEstimate:
 def _median(a: Vector) -> float:
     """``np.median`` of a non-empty array of finite values, with the same result: the middle value,
     or the mean of the two middle ones. A selection (``np.partition``) and nothing else: np.median's
-    NaN checks and generic reduction were half of an estimate's time, a few times a second in the
-    exporter's thread and at every step of a replay."""
+    NaN checks and generic reduction cost ~20 us a call: a third to a half of an estimate over 40 to
+    64 points (0.33 to 0.18 ms at 40, a leaking window), a tenth at 200 (0.76 to 0.69 ms, a flat
+    one). Estimates run a few times a second in the exporter's thread, and at every step of a replay."""
     k, odd = divmod(a.size, 2)
     if odd:
         return float(np.partition(a, k)[k])

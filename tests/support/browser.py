@@ -4,7 +4,9 @@ installed by ``scripts/setup.sh --test``; Selenium never downloads a driver here
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,7 +25,11 @@ def headless_chromium(width: int = 1100, height: int = 1400) -> Iterator[Any]:
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the [dev] extra has it)")
     from selenium.webdriver.chrome.service import Service
 
+    # Chromium keeps its profile and a singleton lock folder (org.chromium.Chromium.*) in $TMPDIR
+    # and leaves the lock folder behind at quit: one folder of its own, removed afterwards.
+    scratch = tempfile.mkdtemp(prefix="memexporter-chromium-")
     options = webdriver.ChromeOptions()
+    options.add_argument(f"--user-data-dir={os.path.join(scratch, 'profile')}")
     for arg in (
         "--headless=new",
         "--no-sandbox",
@@ -36,11 +42,15 @@ def headless_chromium(width: int = 1100, height: int = 1400) -> Iterator[Any]:
         options.add_argument(arg)
     options.binary_location = CHROMIUM
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    service = Service(CHROMEDRIVER, env={**os.environ, "TMPDIR": scratch})
     try:
-        yield driver
+        driver = webdriver.Chrome(service=service, options=options)
+        try:
+            yield driver
+        finally:
+            driver.quit()
     finally:
-        driver.quit()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "the page") -> Any:
