@@ -25,8 +25,11 @@ lint() {
 }
 mkdir -p build
 echo "[test] lint (ruff, mypy, generated files) beside pytest: build/lint.log"
+set -m  # lint in a process group of its own, so that stopping it stops mypy and ruff too
 lint > build/lint.log 2>&1 &
 linting=$!
+set +m
+trap 'kill -- -"$linting" 2>/dev/null || true' EXIT
 # The torch versions users run (the oldest claimed, 2.11, the newest: scripts/torch_versions.py): each
 # in its cached venv (set up once, outside the clone). The set-up (a download on a first run, a check
 # after) runs beside pytest; the tests run after it, the three side by side on the two cores. Beside
@@ -38,7 +41,7 @@ linting=$!
 rm -f build/torch-versions/summary.txt
 "$VPY" scripts/torch_versions.py setup &
 versions=$!
-trap 'kill "$versions" "$linting" 2>/dev/null || true' EXIT
+trap 'kill "$versions" 2>/dev/null; kill -- -"$linting" 2>/dev/null || true' EXIT
 # Tests run in parallel processes (pytest-xdist). --dist loadgroup keeps each xdist_group (tests
 # sharing one expensive fixture) on one worker; --no-loadscope-reorder leaves the order to
 # tests/support/schedule.py's plan: the tests that spend minutes waiting on real Prometheus,

@@ -6,14 +6,13 @@ needed on import, as the callback tests always needed them."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.heap import settle
 
 torch = pytest.importorskip("torch", reason="needs torch")
 psutil = pytest.importorskip("psutil", reason="needs psutil")
@@ -36,14 +35,8 @@ def rss() -> int:
 
 
 def settled_rss() -> int:
-    """The RSS once the garbage of the tests this worker ran before is gone: collected, and the C
-    heap's free pages handed back (glibc's ``malloc_trim``). Measured without settling, a budget
-    above the RSS could sit on memory an earlier test had freed: the heap returned it mid-run, and
-    a run leaking 288 MiB never passed a budget 192 MiB above its start (a run of 2026-11-28, once
-    the suite's order changed which tests share a worker)."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    """The RSS once the garbage of the tests this worker ran before is gone (``tests/support/heap.py``)."""
+    settle()
     return rss()
 
 

@@ -74,8 +74,8 @@ def pytest_collection_finish(session):
 """
 
 
-def run_tiny(tmp_path: Path, *options: str, suite: str = SUITE) -> None:
-    """The tiny suite in ``tmp_path`` under pytest with ``options``; it must pass."""
+def run_tiny(tmp_path: Path, *options: str, suite: str = SUITE, rc: int = 0) -> str:
+    """The tiny suite in ``tmp_path`` under pytest with ``options``: its output; it must exit ``rc``."""
     (tmp_path / "test_tiny.py").write_text(suite, encoding="utf-8")
     (tmp_path / "conftest.py").write_text(CONFTEST, encoding="utf-8")
     result = subprocess.run(
@@ -98,7 +98,8 @@ def run_tiny(tmp_path: Path, *options: str, suite: str = SUITE) -> None:
         timeout=120,
         check=False,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == rc, result.stdout + result.stderr
+    return result.stdout + result.stderr
 
 
 def test_a_long_test_and_a_waiting_one_start_first_and_a_quick_one_waits_behind_each(tmp_path: Path) -> None:
@@ -141,3 +142,10 @@ def test_six_workers_start_three_waiting_units_and_the_three_longest_others() ->
     # The next waiting unit enters when the plan's first one ends (140 s), after the busy ones begun by then.
     assert order.index("wait-100") > order.index("busy-15")
     assert sorted(order) == sorted(u.name for u in units), "every unit once"
+
+
+def test_a_mistyped_slow_mark_fails_its_test_with_the_reason(tmp_path: Path) -> None:
+    suite = SUITE.replace("@pytest.mark.slow(seconds=50)", "@pytest.mark.slow(secs=50)")
+    out = run_tiny(tmp_path, "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder", suite=suite, rc=1)
+    assert "ERROR test_tiny.py::test_long" in out and "1 error" in out, out
+    assert "@pytest.mark.slow takes seconds= and waits= only, not slow(secs=50)" in out, out

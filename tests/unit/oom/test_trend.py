@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pytest
 
-from memexporter.oom.trend import MAX_FIT_POINTS, MIN_POINTS, TrendEstimate, TrendWindow, estimate
+from memexporter.oom.trend import MAX_FIT_POINTS, MIN_POINTS, TrendEstimate, TrendWindow, _median, estimate
 
 MIB = float(1 << 20)
 GIB = 1024 * MIB
@@ -306,3 +306,15 @@ def test_snapshot_is_immutable_and_detached() -> None:
     assert snap.steps[-1] == 49
     with pytest.raises(AttributeError):
         snap.held = 0  # type: ignore[misc]
+
+
+def test_the_median_by_selection_equals_numpys() -> None:
+    # trend._median replaced np.median in the fit: the same value, for odd and even sizes, with ties
+    # and with byte counts (1e9) beside slopes (1e-3), where a different averaging would round apart.
+    rng = np.random.default_rng(7)
+    for size in range(1, 66):
+        for scale in (1e-3, 1.0, 1e9):
+            values = rng.normal(size=size) * scale
+            ties = np.round(values / scale) * scale  # many equal values
+            for a in (values, ties):
+                assert _median(a) == float(np.median(a)), (size, scale)
