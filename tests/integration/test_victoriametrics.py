@@ -121,15 +121,10 @@ class Live:
             and (dict(labels).get("instance") in self.leaking or dict(labels).get("run_id") == LEAKING_RUN)
         ]
 
-    def wanted(self, scope: str) -> int:
-        """How many alerts of ``scope`` the chain must fire: each of ``EXPECTED`` for each leaking
-        demo (per rank), or once for the run (run-wide)."""
-        return len(EXPECTED) * (len(self.leaking) if scope == "rank" else 1)
-
     def missing(self, scope: str) -> list[Labels]:
         """Expected alerts of ``scope`` not fired yet: by Prometheus (each leaking demo for the
         per-rank ones, the run for the run-wide ones), then by vmalert with Prometheus' labels."""
-        want = self.wanted(scope)
+        want = len(EXPECTED) * (len(self.leaking) if scope == "rank" else 1)
         prom = self.expected(scope)
         if len(prom) < want:
             return [frozenset({("alertname", "?"), ("scope", scope), ("seen_by", "prometheus")})] * (want - len(prom))
@@ -147,7 +142,7 @@ def _deadline(live: Live) -> float:
     not fired them all, then ``VM_LAG_S`` after the last of them."""
     prom = live.firing("prometheus")
     expected = live.expected("rank")
-    if len(expected) < live.wanted("rank"):
+    if len(expected) < len(EXPECTED) * len(live.leaking):
         return PROM_DEADLINE_S
     return max(prom[labels] for labels in expected) + VM_LAG_S
 
@@ -340,7 +335,7 @@ def test_vmalert_evaluates_every_rule_without_error(live: Live) -> None:
 def test_alertmanager_sends_the_pairs_alert_once(live: Live) -> None:
     # The alerts both fired (a run-wide one vmalert missed: test_run_wide_alerts_fire_under_vmalert).
     pairs = _pairs(live)
-    assert len(pairs) >= live.wanted("rank"), pairs
+    assert len(pairs) >= len(EXPECTED) * len(live.leaking), pairs
     for labels in pairs:
         name = dict(labels)["alertname"]
         held = [a for a in live.am.alerts() if identity(a) == labels]
