@@ -26,10 +26,26 @@ def _rank_seen(rank: int, folder: str) -> None:
         dist.destroy_process_group()
 
 
-def test_two_real_gloo_ranks_without_rank_variables_are_told_apart(tmp_path: Path) -> None:
-    # torch.multiprocessing: a child that fails raises here with its traceback.
-    ctx = torch_mp.spawn(_rank_seen, args=(str(tmp_path),), nprocs=2, join=False)  # type: ignore[attr-defined,no-untyped-call]
+def _two_ranks(folder: Path) -> None:
+    """Both ranks, to the end (torch.multiprocessing: a child that fails raises here with its traceback)."""
+    folder.mkdir()
+    ctx = torch_mp.spawn(_rank_seen, args=(str(folder),), nprocs=2, join=False)  # type: ignore[attr-defined,no-untyped-call]
     deadline = time.monotonic() + 180
     while not ctx.join(timeout=5):
         assert time.monotonic() < deadline, "two gloo ranks did not finish in 180 s"
-    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["0 2", "1 2"]
+
+
+def test_two_real_gloo_ranks_without_rank_variables_are_told_apart(tmp_path: Path) -> None:
+    # Gloo's ranks meet over loopback TCP on ports the kernel picks, and the suite's other tests
+    # connect to ports they picked the same way (a Prometheus scraping a demo that is gone): twice in
+    # ~20 runs one of them reached a rank's listener first and the mesh failed ("connectFullMesh
+    # failed ... Connection closed by peer"). That is the transport, not what this test checks:
+    # one more try, with a fresh store. Any other failure, or the same one twice, fails.
+    try:
+        _two_ranks(folder := tmp_path / "first")
+    except torch_mp.ProcessRaisedException as exc:  # type: ignore[attr-defined]
+        if "connectFullMesh failed" not in str(exc):
+            raise
+        print(f"gloo's rendezvous failed once, trying again: {str(exc).strip().splitlines()[-1]}")
+        _two_ranks(folder := tmp_path / "again")
+    assert [(folder / f"rank{r}").read_text() for r in range(2)] == ["0 2", "1 2"]
