@@ -1,4 +1,5 @@
-"""Start a subprocess with its output in a file, wait for its HTTP endpoints, stop it for sure."""
+"""Start a subprocess with its output in a file, wait for its HTTP endpoints, stop it for sure; run a
+tiny pytest suite in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from tests.support import REPO_ROOT
 from tests.support.ports import free_port
 from tests.support.web import http_status
 
@@ -137,3 +140,33 @@ def start_on_free_port(
             continue
         return port, proc
     raise AssertionError("unreachable")
+
+
+def run_tiny_suite(
+    folder: Path, suite: str, conftest: str, *options: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """pytest, in a fresh interpreter, on a one-file suite written to ``folder`` (``test_tiny.py``,
+    with ``conftest``): the harness tests of this suite's own plugins. Only the checkout is on the
+    path, and ``folder`` is the root: the repository's pytest settings do not apply."""
+    (folder / "test_tiny.py").write_text(suite, encoding="utf-8")
+    (folder / "conftest.py").write_text(conftest, encoding="utf-8")
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *options,
+            "--rootdir",
+            str(folder),
+            str(folder),
+        ],
+        cwd=folder,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

@@ -5,13 +5,11 @@ long one, all marked slow."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO_ROOT
+from tests.support.process import run_tiny_suite
 from tests.support.progress import QUIET_S
 
 pytestmark = pytest.mark.integration
@@ -38,20 +36,10 @@ def pytest_configure(config):
 
 
 def test_only_the_tests_that_take_a_while_are_named(tmp_path: Path) -> None:
-    (tmp_path / "test_suite.py").write_text(SUITE)
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        check=False,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-    )
+    out = run_tiny_suite(tmp_path, SUITE, CONFTEST)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
-    assert "[slow] started test_suite.py::test_takes_a_while" in text, text
-    assert "[slow] passed test_suite.py::test_takes_a_while in" in text, text
+    assert "[slow] started test_tiny.py::test_takes_a_while" in text, text
+    assert "[slow] passed test_tiny.py::test_takes_a_while in" in text, text
     said = [line for line in text.splitlines() if "test_quick" in line]
-    assert said == ["[slow] started test_suite.py::test_quick[first]"], text
+    assert said == ["[slow] started test_tiny.py::test_quick[first]"], text

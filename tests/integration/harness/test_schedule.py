@@ -12,13 +12,11 @@ sat 60 % idle for two minutes.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO_ROOT
+from tests.support.process import run_tiny_suite
 from tests.support.schedule import Unit, plan
 
 pytestmark = pytest.mark.integration
@@ -75,29 +73,8 @@ def pytest_collection_finish(session):
 
 
 def run_tiny(tmp_path: Path, *options: str, suite: str = SUITE, rc: int = 0) -> str:
-    """The tiny suite in ``tmp_path`` under pytest with ``options``: its output; it must exit ``rc``."""
-    (tmp_path / "test_tiny.py").write_text(suite, encoding="utf-8")
-    (tmp_path / "conftest.py").write_text(CONFTEST, encoding="utf-8")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            *options,
-            "--rootdir",
-            str(tmp_path),
-            str(tmp_path),
-        ],
-        cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "SCHEDULE_LOG": str(tmp_path / "log")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    """The tiny suite under pytest with ``options``: its output; it must exit ``rc``."""
+    result = run_tiny_suite(tmp_path, suite, CONFTEST, *options, env={"SCHEDULE_LOG": str(tmp_path / "log")})
     assert result.returncode == rc, result.stdout + result.stderr
     return result.stdout + result.stderr
 
