@@ -6,6 +6,7 @@ needed on import, as the callback tests always needed them."""
 
 from __future__ import annotations
 
+import mmap
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,13 @@ def settled_rss() -> int:
 
 
 def ones(nbytes: int) -> Any:
-    return torch.ones(nbytes // 4, dtype=torch.float32)
+    """A float32 tensor of ones, ``nbytes`` long, in pages new to the process: a mapping of its own.
+    The tests read the RSS (the CPU's ``used``) to find it: from the C heap, it would reuse the pages
+    that earlier tests of the worker freed, still resident, and the RSS would not rise at all
+    (``tests/support/heap.worn``)."""
+    area = mmap.mmap(-1, nbytes)
+    tensor = torch.frombuffer(area, dtype=torch.float32)  # keeps ``area`` alive; unmapped with the tensor
+    return tensor.fill_(1.0)
 
 
 # --- Lightning ----------------------------------------------------------------------------------

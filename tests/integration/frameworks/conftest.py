@@ -14,6 +14,7 @@ import memexporter
 from memexporter.tracking import gradients as mx_optimizer
 from memexporter.tracking import schedule as mx_schedule
 from memexporter.tracking.modules import active_handles, hook_errors
+from tests.support import heap
 
 
 @pytest.fixture
@@ -37,6 +38,14 @@ def untrack_all() -> Iterator[None]:
 @pytest.fixture
 def clean(no_exporter: None, untrack_all: None) -> None:
     """No exporter and no tracked model before or after; the callback must leave none behind."""
+
+
+@pytest.fixture
+def worn_heap() -> Iterator[None]:
+    """The heap of a worker that ran other tests first (``tests/support/heap.worn``): 320 MiB freed and
+    still resident. The 64 MiB that an evaluation holds was once invisible to the RSS there."""
+    with heap.worn():
+        yield
 
 
 @pytest.fixture

@@ -9,6 +9,9 @@ What is asserted here, from ``/metrics`` read during and after the runs:
 - an evaluation that holds a known 64 MiB buffer has a phase peak that much above the training
   phase's (RSS-based: ``ru_maxrss`` when the evaluation sets a new lifetime high, else samples),
   and the training steps after it report their own peak, not the evaluation's (the issue's bug);
+  in a worker whose heap holds freed, resident pages (``worn_heap``), as a worker that ran other
+  tests does: the buffer is in pages new to the process (``callback_trainers.ones``), since one
+  from the C heap would reuse those pages and raise the RSS by nothing (issue 40);
 - ``import memexporter`` imports no framework.
 
 Beside it: a port that cannot be bound, or a memexporter function that raises, never stops training
@@ -133,7 +136,7 @@ def lightning_probe(L: Any) -> Any:
     return type("Probe", (LProbe, L.Callback), {})()
 
 
-def test_lightning_callback_steps_phases_and_peaks(tmp_path: Path, clean: None) -> None:
+def test_lightning_callback_steps_phases_and_peaks(tmp_path: Path, clean: None, worn_heap: None) -> None:
     """``accumulate_grad_batches=2``, validation every 4 batches, ``ModelCheckpoint`` every 4
     steps: steps == ``global_step`` at every boundary; eval phases == validation loops (the
     sanity check is one); train phases == batches; checkpoint phases == files written; the eval
@@ -211,7 +214,7 @@ def hf_probe(T: Any, url: str | None) -> Any:
     return type("Probe", (HFProbe, T.TrainerCallback), {})(url)
 
 
-def test_transformers_callback_steps_phases_and_peaks(tmp_path: Path, clean: None) -> None:
+def test_transformers_callback_steps_phases_and_peaks(tmp_path: Path, clean: None, worn_heap: None) -> None:
     """``gradient_accumulation_steps=2``, evaluation every 2 steps, a save every 3, the exporter
     started by the user (the callback adopts it and leaves it running): steps ==
     ``state.global_step``; eval phases == evaluations; checkpoint phases == saves == checkpoint
