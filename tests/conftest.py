@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.progress import Progress
 
-pytest_plugins = ["tests.support.fixtures", "tests.support.schedule"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.schedule", "tests.support.budget"]
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Several workers, each starting demos and torchrun children, on a machine with few cores:
