@@ -1,4 +1,4 @@
-"""Free TCP ports on the loopback interface, for servers a test starts.
+"""Free TCP ports on the loopback interface, for servers a test starts and for dead endpoints.
 
 Ports come from below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``). The kernel
 hands ephemeral ports to outgoing connections, and a busy test machine makes many (scrapes, polls,
@@ -55,9 +55,11 @@ def free_port() -> int:
 
 
 def closed_port() -> int:
-    """A loopback port that refuses connections: an endpoint nobody listens on (an OTLP collector, a rank). The kernel
-    picks it from the ephemeral range, where other tests' servers never bind (tests/support/ports.py
-    picks below it); an outgoing connection reusing it as its local port does not listen."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port that refuses connections: an endpoint nobody listens on (an OTLP collector, a
+    rank), picked below the ephemeral range like the servers' ports. Not from that range: a client
+    retrying a dead port there for a whole test (an OTLP exporter pushes every interval) reaches
+    whatever the kernel hands the port to next, and the kernel hands ephemeral ports to listeners
+    that bind port 0, gloo's rendezvous among them. Its rank took the stranger's connection for its
+    peer's, and the mesh failed ("connectFullMesh failed ... Connection closed by peer", twice in
+    ~20 runs of tests/integration/distributed/test_identity_gloo.py)."""
+    return free_port()
