@@ -4,7 +4,10 @@
 # with a reason when there is no GPU). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+began=$SECONDS
+clock() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 scripts/setup.sh --test
+setup_s=$((SECONDS - began))
 VPY="${MEMEXPORTER_VENV:-.venv}/bin/python"
 export MEMEXPORTER_REQUIRE_BINARIES=1   # missing binaries fail the run instead of skipping
 # Lint beside pytest: ruff, mypy and the generated-file check each use one core, and run before
@@ -51,6 +54,7 @@ trap 'kill "$versions" 2>/dev/null; kill -- -"$linting" 2>/dev/null || true' EXI
 # end (tests/support/progress.py). MEMEXPORTER_TEST_WORKERS=1: serial.
 workers="${MEMEXPORTER_TEST_WORKERS:-6}"
 echo "[test] pytest ($workers workers)"
+pytest_began=$SECONDS
 set +e
 if [[ "$workers" == "1" ]]; then
   "$VPY" -m pytest -q "$@"
@@ -58,6 +62,7 @@ else
   "$VPY" -m pytest -q -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"
 fi
 rc=$?
+pytest_s=$((SECONDS - pytest_began))
 # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
 [[ $rc -eq 5 ]] && { echo "[test] pytest collected no tests" >&2; rc=1; }
 wait "$versions"  # the set-up: its failure shows in the run's outcome below
@@ -67,10 +72,14 @@ trap - EXIT
 cat build/lint.log
 [[ $lint_rc -ne 0 ]] && echo "[test] lint FAILED (above)" >&2
 echo "[test] the other torch versions"
+versions_began=$SECONDS
 "$VPY" scripts/torch_versions.py run
 versions_rc=$?
 set -e
 [[ -f build/torch-versions/summary.txt ]] && cat build/torch-versions/summary.txt
+# The whole command's time, and its parts: the budget is 15 minutes on 2 cores (docs/development.md).
+echo "[test] total $(clock $((SECONDS - began))): set-up $(clock "$setup_s"), pytest $(clock "$pytest_s")" \
+  "(lint beside it), torch versions $(clock $((SECONDS - versions_began)))"
 [[ $rc -ne 0 ]] && exit $rc
 [[ $lint_rc -ne 0 ]] && exit $lint_rc
 exit $versions_rc
