@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from tests.support import REPO_ROOT
+from tests.support.forkserver import Process
 from tests.support.process import running_command
 
 
@@ -62,13 +62,15 @@ def running_demo(
     env: Mapping[str, str] | None = None,
     timeout: float = 60.0,
     log: Path | None = None,
-) -> Iterator[subprocess.Popen[bytes]]:
+    fresh: bool = False,
+) -> Iterator[Process]:
     """Start the CPU demo on ``127.0.0.1:port``; yield once ``/metrics`` answers 200, stop it after.
 
     Its output goes to ``log`` (a temporary file by default): a test that outlives the demo's
     start can show it when the demo stops unexpectedly. Raises
     ``tests.support.process.ProcessError`` with the demo's output if it exits or is not ready
-    within ``timeout`` seconds.
+    within ``timeout`` seconds. ``fresh``: a new interpreter rather than a fork of the worker's zygote
+    (``tests/support/forkserver.py``), for the tests of what only a fresh process shows.
     """
     with running_command(
         demo_argv(port, *extra_args),
@@ -78,6 +80,7 @@ def running_demo(
         timeout=timeout,
         what="memexporter demo",
         log=log,
+        fresh=fresh,
     ) as proc:
         yield proc
 
@@ -85,7 +88,7 @@ def running_demo(
 @contextlib.contextmanager
 def running_torchrun_demo(
     base_port: int, *extra_args: str, nproc: int = 2, env: Mapping[str, str] | None = None, timeout: float = 120.0
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> Iterator[Process]:
     """The demo under torchrun with ``nproc`` CPU ranks; yields once every rank's ``/metrics``
     (``base_port + LOCAL_RANK``) answers; stops torchrun and its workers afterwards."""
     urls = [f"http://127.0.0.1:{base_port + r}/metrics" for r in range(nproc)]

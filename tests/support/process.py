@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from tests.support import REPO_ROOT
+from tests.support.forkserver import Process, popen
 from tests.support.ports import free_port
 from tests.support.web import http_status
 
@@ -32,7 +33,7 @@ def tail(path: Path, limit: int = 6000) -> str:
     return text[-limit:]
 
 
-def wait_ready(proc: subprocess.Popen[bytes], urls: Sequence[str], timeout: float, log: Path, what: str) -> None:
+def wait_ready(proc: Process, urls: Sequence[str], timeout: float, log: Path, what: str) -> None:
     """Poll until every URL answers 200; raise ``ProcessError`` with the log if it exits or times out."""
     deadline = time.monotonic() + timeout
     pending, last = list(urls), ""
@@ -54,7 +55,7 @@ def wait_ready(proc: subprocess.Popen[bytes], urls: Sequence[str], timeout: floa
             time.sleep(0.2)
 
 
-def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+def stop(proc: Process, grace: float = 10.0) -> None:
     """SIGTERM the process group we started (torchrun forwards it to its workers), wait, then SIGKILL;
     then the descendants outside the group: each exporter's HTTP helper runs in a session of its own
     and would otherwise serve its job's end for its grace period, holding the port."""
@@ -88,24 +89,28 @@ def running_command(
     timeout: float = 60.0,
     log: Path | None = None,
     what: str | None = None,
-) -> Iterator[subprocess.Popen[bytes]]:
+    fresh: bool = False,
+) -> Iterator[Process]:
     """Run ``argv`` in its own process group with stdout and stderr in ``log`` (a temporary file by
     default), yield once every URL in ``ready_urls`` answers 200, and stop the whole group on exit.
-    ``ProcessError`` carries the tail of the log when it exits early or is not ready in time."""
+    ``ProcessError`` carries the tail of the log when it exits early or is not ready in time. A
+    memexporter command is forked from the worker's zygote (``tests/support/forkserver.py``) unless
+    ``fresh``: a new interpreter, for what only one shows."""
     what = what or Path(argv[0]).name
     with contextlib.ExitStack() as stack:
         if log is None:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="memexporter-proc-")))
             log = folder / "output.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen(
-                list(argv),
+            proc = popen(
+                argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=dict(env) if env is not None else None,
+                env=env,
                 cwd=cwd,
                 start_new_session=True,
+                fresh=fresh,
             )
         try:
             wait_ready(proc, ready_urls, timeout, log, what)
@@ -123,7 +128,7 @@ def start_on_free_port(
     what: str,
     timeout: float = 60.0,
     attempts: int = 3,
-) -> tuple[int, subprocess.Popen[bytes]]:
+) -> tuple[int, Process]:
     """Start a server on a free loopback port, entering it into ``stack`` (stopped when it
     closes). Retries with a new port when another process took the port in the meantime."""
     for attempt in range(attempts):

@@ -1,0 +1,115 @@
+"""The fork server (tests/support/forkserver.py, zygote.py): a forked ``python -m memexporter`` is the
+process a fresh interpreter would be, for what the tests read of it, at a fraction of the CPU.
+
+Each check would fail on a fork that skipped a step of the zygote's ``become``: the exit status and
+both outputs, the input, the folder, the environment (a bad ``MEMEXPORTER_*`` value is the command's
+own error), ``sys.argv``, its own session, a signal's status, ``atexit`` on the way out, a demo that
+serves ``/metrics``, and the commands it must leave to a real interpreter."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support import REPO_ROOT
+from tests.support.demo import SMALL_MODEL, module_env, running_demo
+from tests.support.forkserver import Forked, eligible, popen, run
+from tests.support.ports import free_port
+from tests.support.web import get_text
+
+pytestmark = pytest.mark.integration
+
+MX = [sys.executable, "-m", "memexporter"]
+
+
+def test_a_forked_command_has_its_status_outputs_folder_and_environment(tmp_path: Path) -> None:
+    done = run([*MX, "rules", "--preset", "nope"], env=module_env(), cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and "invalid choice: 'nope'" in done.stderr and done.stdout == "", done
+    bad = run([*MX, "rules"], env=module_env({"MEMEXPORTER_LOG_LEVEL": "loud"}), timeout=60)
+    assert bad.returncode != 0 and "MEMEXPORTER_LOG_LEVEL" in bad.stderr, bad
+    out = tmp_path / "rules.yml"
+    wrote = run([*MX, "rules", "--output", "rules.yml"], env=module_env(), cwd=tmp_path, timeout=60)
+    assert wrote.returncode == 0 and "MemexporterOOMImminent" in out.read_text(), wrote
+
+
+def test_a_forked_command_is_its_own_process_in_its_own_session(tmp_path: Path) -> None:
+    log = tmp_path / "demo.log"
+    with log.open("wb") as fh:
+        proc = popen(
+            [*MX, "demo", "--device", "cpu", "--port", str(free_port()), "--step-interval", "0.2", *SMALL_MODEL],
+            env=module_env(),
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    assert isinstance(proc, Forked)
+    try:
+        deadline = time.monotonic() + 60
+        while "training" not in log.read_text(errors="replace") and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        me = psutil.Process(proc.pid)
+        assert os.getpgid(proc.pid) == proc.pid and os.getsid(proc.pid) == proc.pid
+        assert me.ppid() != os.getpid() and me.parent().cmdline()[1:3] == ["-m", "tests.support.zygote"]
+        assert me.cmdline()[1:3] == ["-m", "tests.support.zygote"]  # a fork: the zygote's command line
+        assert me.cpu_times().user < 2.5, me.cpu_times()  # torch was imported before the fork
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        proc.kill()
+
+
+def test_input_argv_and_atexit_reach_the_forked_command(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('atexit ran', flush=True))\n"
+        "print('argv', sys.argv[1:], 'read', sys.stdin.read().strip())\n"
+        "sys.exit(3)\n"
+    )
+    done = run([*MX, "run", "--port", "0", "--no-http", str(script), "a", "b"], env=module_env(), input="hello", timeout=120)
+    assert done.returncode == 3, done
+    assert "argv ['a', 'b'] read hello" in done.stdout and done.stdout.rstrip().endswith("atexit ran"), done
+
+
+def test_the_forked_demo_serves_its_metrics() -> None:
+    port = free_port()
+    with running_demo(port, *SMALL_MODEL) as proc:
+        assert isinstance(proc, Forked)
+        assert "memexporter_steps_total" in get_text(f"http://127.0.0.1:{port}/metrics")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "forks"),
+    [
+        ([*MX, "demo"], {}, True),
+        ([sys.executable, "-m", "torch.distributed.run", "-m", "memexporter"], {}, False),
+        ([sys.executable, "-c", "import torch"], {}, False),
+        (["memexporter", "demo"], {}, False),
+        ([*MX, "demo"], {"PYTHONPATH": f"{REPO_ROOT}{os.pathsep}/somewhere/else"}, False),  # a stand-in module there
+        ([*MX, "demo"], {"PYTHONWARNINGS": "error"}, False),  # read when the interpreter starts
+        ([*MX, "demo"], {"LD_PRELOAD": "libfoo.so"}, False),
+        ([*MX, "demo"], {"TORCH_LOGS": "dynamo"}, False),
+        ([*MX, "demo"], {"MEMEXPORTER_PORT": "9500", "OMP_NUM_THREADS": "2"}, True),  # read after the start
+    ],
+    ids=["demo", "torchrun", "script", "console-script", "pythonpath", "warnings", "preload", "torch-env", "knobs"],
+)
+def test_what_forks_and_what_runs_fresh(argv: list[str], env: dict[str, str], forks: bool) -> None:
+    assert eligible(argv, module_env(env)) is forks
+
+
+def test_fresh_and_the_switch_run_a_real_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = [*MX, "rules", "--help"]
+    real = popen(argv, env=module_env(), stdout=subprocess.DEVNULL, fresh=True)
+    assert isinstance(real, subprocess.Popen) and real.wait(60) == 0
+    monkeypatch.setenv("MEMEXPORTER_TEST_FORK", "0")
+    assert not eligible(argv, module_env())
