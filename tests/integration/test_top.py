@@ -23,6 +23,7 @@ import pytest
 
 from tests.support import REPO_ROOT
 from tests.support.demo import SMALL_MODEL, module_env, running_demo
+from tests.support.forkserver import Process
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -75,11 +76,14 @@ class Terminal:
 
 
 @pytest.fixture
-def ranks(tmp_path: Path) -> Iterator[tuple[list[int], list[subprocess.Popen[bytes]]]]:
+def ranks(tmp_path: Path) -> Iterator[tuple[list[int], list[Process]]]:
     ports = [free_port(), free_port()]
     with ExitStack() as stack:
         procs = [
-            stack.enter_context(running_demo(ports[0], *TINY, env={"RANK": "0"}, log=tmp_path / "r0.log")),
+            # Rank 0 is killed, and its helper reads how it ended from its zombie's /proc/PID/stat: its
+            # parent must be this process, which reaps it late, as a launcher may; the fork server
+            # reaps at once (tests/support/forkserver.py). A fresh interpreter.
+            stack.enter_context(running_demo(ports[0], *TINY, env={"RANK": "0"}, log=tmp_path / "r0.log", fresh=True)),
             stack.enter_context(
                 running_demo(ports[1], *TINY, "--memory-limit-mib", "4096", env={"RANK": "1"}, log=tmp_path / "r1.log")
             ),
@@ -88,7 +92,7 @@ def ranks(tmp_path: Path) -> Iterator[tuple[list[int], list[subprocess.Popen[byt
 
 
 def test_top_shows_both_ranks_worst_first_marks_a_killed_one_and_quits_on_q(
-    ranks: tuple[list[int], list[subprocess.Popen[bytes]]],
+    ranks: tuple[list[int], list[Process]],
 ) -> None:
     ports, procs = ranks
     term = Terminal(

@@ -10,7 +10,10 @@ memexporter freshly imported.
 ``popen`` and ``run`` stand in for ``subprocess.Popen`` and ``subprocess.run`` on such commands.
 What the fork would change is run as a real subprocess instead, by ``eligible``:
 
-- a command that is not ``python -m memexporter`` (scripts, other modules, other interpreters);
+- a command that is not ``python -m memexporter`` or ``python -m tests.support.*`` (other modules,
+  other interpreters), nor, when the caller asks with ``scripts=True``, ``python -c CODE`` or
+  ``python script.py``: a test's own training job forks only where the test reads nothing of a
+  fresh process;
 - an environment whose interpreter or loader settings differ from the server's (``PYTHON*`` but
   the buffering and the path, ``PYTHONPATH`` beyond the checkout, ``LD_*``, ``TORCH*``, ``CUDA*``,
   ``MALLOC*``): they act when the interpreter or torch starts;
@@ -44,11 +47,14 @@ def _at_start(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_AT_START) and k not in _SAFE_PYTHON}
 
 
-def eligible(argv: Sequence[str], env: Mapping[str, str] | None) -> bool:
+def eligible(argv: Sequence[str], env: Mapping[str, str] | None, scripts: bool = False) -> bool:
     """Whether ``argv`` (with ``env``, None: this process's) can be forked (the module docstring)."""
-    if os.environ.get("MEMEXPORTER_TEST_FORK", "1") == "0":
+    if os.environ.get("MEMEXPORTER_TEST_FORK", "1") == "0" or argv[:1] != [sys.executable] or len(argv) < 2:
         return False
-    if list(argv[:3]) != [sys.executable, "-m", "memexporter"]:
+    if argv[1] == "-m":
+        if len(argv) < 3 or not (argv[2] == "memexporter" or argv[2].startswith("tests.support.")):
+            return False
+    elif not scripts or (argv[1].startswith("-") and argv[1] != "-c"):
         return False
     env = os.environ if env is None else env
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -169,10 +175,11 @@ def popen(
     stderr: int | IO[Any] | None = None,
     start_new_session: bool = False,
     fresh: bool = False,
+    scripts: bool = False,
 ) -> Process:
     """``subprocess.Popen(argv, ...)``, forked from the worker's zygote where ``eligible`` (pipes are
     ``run``'s: give files or descriptors here)."""
-    if fresh or not eligible(argv, env):
+    if fresh or not eligible(argv, env, scripts):
         return subprocess.Popen(
             list(argv),
             env=None if env is None else dict(env),
@@ -210,11 +217,12 @@ def run(
     input: str | None = None,
     timeout: float | None = None,
     fresh: bool = False,
+    scripts: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(argv, capture_output=True, text=True, ...)``, forked where ``eligible``. On
     ``timeout`` the command is killed and ``subprocess.TimeoutExpired`` raised, as ``subprocess.run``
     does."""
-    if fresh or not eligible(argv, env):
+    if fresh or not eligible(argv, env, scripts):
         return subprocess.run(
             list(argv),
             env=None if env is None else dict(env),
@@ -227,7 +235,7 @@ def run(
         )
     (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
     try:
-        proc = popen(argv, env=env, cwd=cwd, stdin=in_r, stdout=out_w, stderr=err_w)
+        proc = popen(argv, env=env, cwd=cwd, stdin=in_r, stdout=out_w, stderr=err_w, scripts=scripts)
     finally:
         for fd in (in_r, out_w, err_w):
             os.close(fd)

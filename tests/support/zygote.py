@@ -16,7 +16,7 @@ The child becomes the command: its own session when asked, the descriptors as 0,
 the environment, ``sys.path`` as ``python -m`` builds it from ``PYTHONPATH``, standard streams
 rebuilt over the new descriptors (unbuffered under ``PYTHONUNBUFFERED``, as the interpreter makes
 them), the default signal handlers, OpenMP's thread count from the environment. Then it runs the
-module as ``__main__`` and leaves through the interpreter's own exit: ``atexit`` handlers, non-daemon
+module, the ``-c`` code or the script as ``__main__`` and leaves through the interpreter's own exit: ``atexit`` handlers, non-daemon
 threads joined, streams flushed, as a fresh process would.
 
 When the socket closes (the worker is gone), the server exits; children still running are left to
@@ -25,6 +25,7 @@ the tests that started them (each test stops its own).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import json
@@ -33,6 +34,7 @@ import select
 import signal
 import socket
 import sys
+import types
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -80,8 +82,6 @@ def _streams(env: dict[str, str]) -> None:
 def become(command: Command, fds: list[int], base_path: list[str]) -> None:
     """In the forked child: turn this process into ``python ARGV`` (the module docstring), then run it.
     Leaves by raising ``SystemExit`` to the top of the module, where the interpreter exits."""
-    import runpy
-
     if command.new_session:
         os.setsid()
     for target, fd in enumerate(fds[:3]):
@@ -102,11 +102,31 @@ def become(command: Command, fds: list[int], base_path: list[str]) -> None:
         import torch
 
         torch.set_num_threads(int(threads))  # libgomp read the server's variable when it loaded
-    if command.argv[:1] != ["-m"] or len(command.argv) < 2:
-        raise SystemExit(f"zygote: only `-m MODULE` commands are forked, not {command.argv!r}")
-    sys.path[:] = [command.cwd, *extra, *base_path]  # what `python -m` puts first: the current folder
-    sys.argv = [command.argv[1], *command.argv[2:]]  # runpy puts the module's file in argv[0]
-    runpy.run_module(command.argv[1], run_name="__main__", alter_sys=True)
+    _run(command.argv, command.cwd, [*extra, *base_path])
+
+
+def _run(argv: list[str], cwd: str, path: list[str]) -> None:
+    """Run ``python ARGV`` here, as the interpreter would: ``-m MODULE``, ``-c CODE`` or a script,
+    with ``sys.argv`` and ``sys.path[0]`` as it sets them (``path``: the rest of ``sys.path``)."""
+    import runpy
+
+    if argv[:1] == ["-m"] and len(argv) >= 2:
+        sys.path[:] = [cwd, *path]  # what `python -m` puts first: the current folder
+        sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file in argv[0]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[:1] == ["-c"] and len(argv) >= 2:
+        sys.path[:] = ["", *path]
+        sys.argv = ["-c", *argv[2:]]
+        main = types.ModuleType("__main__")
+        main.__builtins__ = builtins  # type: ignore[attr-defined]
+        sys.modules["__main__"] = main
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    elif argv and not argv[0].startswith("-"):
+        sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])), *path]
+        sys.argv = list(argv)
+        runpy.run_path(argv[0], run_name="__main__")
+    else:
+        raise SystemExit(f"zygote: cannot run python {argv!r}")
     raise SystemExit(0)
 
 

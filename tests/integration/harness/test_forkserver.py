@@ -76,7 +76,9 @@ def test_input_argv_and_atexit_reach_the_forked_command(tmp_path: Path) -> None:
         "print('argv', sys.argv[1:], 'read', sys.stdin.read().strip())\n"
         "sys.exit(3)\n"
     )
-    done = run([*MX, "run", "--port", "0", "--no-http", str(script), "a", "b"], env=module_env(), input="hello", timeout=120)
+    done = run(
+        [*MX, "run", "--port", "0", "--no-http", str(script), "a", "b"], env=module_env(), input="hello", timeout=120
+    )
     assert done.returncode == 3, done
     assert "argv ['a', 'b'] read hello" in done.stdout and done.stdout.rstrip().endswith("atexit ran"), done
 
@@ -89,22 +91,50 @@ def test_the_forked_demo_serves_its_metrics() -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "env", "forks"),
+    ("argv", "env", "scripts", "forks"),
     [
-        ([*MX, "demo"], {}, True),
-        ([sys.executable, "-m", "torch.distributed.run", "-m", "memexporter"], {}, False),
-        ([sys.executable, "-c", "import torch"], {}, False),
-        (["memexporter", "demo"], {}, False),
-        ([*MX, "demo"], {"PYTHONPATH": f"{REPO_ROOT}{os.pathsep}/somewhere/else"}, False),  # a stand-in module there
-        ([*MX, "demo"], {"PYTHONWARNINGS": "error"}, False),  # read when the interpreter starts
-        ([*MX, "demo"], {"LD_PRELOAD": "libfoo.so"}, False),
-        ([*MX, "demo"], {"TORCH_LOGS": "dynamo"}, False),
-        ([*MX, "demo"], {"MEMEXPORTER_PORT": "9500", "OMP_NUM_THREADS": "2"}, True),  # read after the start
+        ([*MX, "demo"], {}, False, True),
+        ([sys.executable, "-m", "tests.support.rank_exposition"], {}, False, True),
+        ([sys.executable, "-m", "torch.distributed.run", "-m", "memexporter"], {}, False, False),
+        ([sys.executable, "-c", "import torch"], {}, False, False),
+        ([sys.executable, "-c", "import torch"], {}, True, True),
+        ([sys.executable, "job.py", "1"], {}, True, True),
+        ([sys.executable, "-u", "job.py"], {}, True, False),
+        (["memexporter", "demo"], {}, True, False),
+        ([*MX, "demo"], {"PYTHONPATH": f"{REPO_ROOT}{os.pathsep}/somewhere/else"}, False, False),  # a stand-in there
+        ([*MX, "demo"], {"PYTHONWARNINGS": "error"}, False, False),  # read when the interpreter starts
+        ([*MX, "demo"], {"LD_PRELOAD": "libfoo.so"}, False, False),
+        ([*MX, "demo"], {"TORCH_LOGS": "dynamo"}, False, False),
+        ([*MX, "demo"], {"MEMEXPORTER_PORT": "9500", "OMP_NUM_THREADS": "2"}, False, True),  # read after the start
     ],
-    ids=["demo", "torchrun", "script", "console-script", "pythonpath", "warnings", "preload", "torch-env", "knobs"],
+    ids=[
+        "demo",
+        "support-module",
+        "torchrun",
+        "code",
+        "code-asked",
+        "script-asked",
+        "flags",
+        "console-script",
+        "pythonpath",
+        "warnings",
+        "preload",
+        "torch-env",
+        "knobs",
+    ],
 )
-def test_what_forks_and_what_runs_fresh(argv: list[str], env: dict[str, str], forks: bool) -> None:
-    assert eligible(argv, module_env(env)) is forks
+def test_what_forks_and_what_runs_fresh(argv: list[str], env: dict[str, str], scripts: bool, forks: bool) -> None:
+    assert eligible(argv, module_env(env), scripts) is forks
+
+
+def test_a_forked_script_and_code_run_as_main(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text("import sys\nprint(__name__, sys.argv, sys.path[0])\nsys.exit(int(sys.argv[1]))\n")
+    done = run([sys.executable, str(script), "4"], env=module_env(), scripts=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (4, f"__main__ {[str(script), '4']} {tmp_path}"), done
+    code = "import sys; print(__name__, sys.argv, repr(sys.path[0])); raise SystemExit(5)"
+    done = run([sys.executable, "-c", code, "x"], env=module_env(), scripts=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (5, "__main__ ['-c', 'x'] ''"), done
 
 
 def test_fresh_and_the_switch_run_a_real_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
