@@ -15,8 +15,9 @@ What the fork would change is run as a real subprocess instead, by ``eligible``:
   ``python script.py``: a test's own training job forks only where the test reads nothing of a
   fresh process;
 - an environment whose interpreter or loader settings differ from the server's (``PYTHON*`` but
-  the buffering and the path, ``PYTHONPATH`` beyond the checkout, ``LD_*``, ``TORCH*``, ``CUDA*``,
-  ``MALLOC*``): they act when the interpreter or torch starts;
+  the buffering and the path, ``PYTHONPATH`` beyond the checkout, ``LD_*``, ``TORCH*``, ``MALLOC*``):
+  they act when the interpreter or torch starts (``CUDA_*`` act when CUDA starts, which the zygote
+  never does);
 - ``fresh=True``, for the tests of what a fresh interpreter alone shows: the job's end seen by its
   helper, signals to the job, its ``/proc`` children, the helper's parent-death, import costs;
 - ``MEMEXPORTER_TEST_FORK=0``, for the whole run.
@@ -40,7 +41,7 @@ from typing import IO, Any
 from tests.support import REPO_ROOT
 
 _SAFE_PYTHON = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED"})
-_AT_START = ("PYTHON", "LD_", "TORCH", "CUDA", "MALLOC", "GLIBC")
+_AT_START = ("PYTHON", "LD_", "TORCH", "MALLOC", "GLIBC")  # not CUDA_*: read when CUDA starts, never in the zygote
 
 
 def _at_start(env: Mapping[str, str]) -> dict[str, str]:

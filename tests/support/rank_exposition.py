@@ -14,8 +14,10 @@ an exporter that knows the run (``memexporter_run_info``, ``detail_ranks``) filt
 (``own_filter`` in the JSON). For one that does not, ``adapt`` cuts the contract's core set
 (``core_only``) and adds the info row (``with_run_info``).
 
-``generate()`` runs it in a fresh interpreter; ``source`` is another checkout's ``memexporter``
-folder (``git archive`` of an older revision), for the exposition as it was then.
+``generate()`` runs it in a process of its own, forked from the worker's zygote (its memexporter
+imported afresh: ``tests/support/forkserver.py``); ``source`` is another checkout's ``memexporter``
+folder (``git archive`` of an older revision), for the exposition as it was then, in a fresh
+interpreter.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from memexporter.metrics import SPECS
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, forkserver
 from tests.support.web import get_text
 
 FIXTURE = "a100_torch2.13_fraction.json"
@@ -63,9 +65,7 @@ def generate(world: int, rank: int, run_id: str, source: Path | None = None, tim
         "--run-id",
         run_id,
     ]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, env=env, cwd=source or REPO_ROOT, timeout=timeout, check=False
-    )
+    done = forkserver.run(argv, env=env, cwd=source or REPO_ROOT, timeout=timeout)  # another source: fresh
     if done.returncode != 0:
         raise RuntimeError(f"rank_exposition failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout)  # type: ignore[no-any-return]

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, forkserver
 from tests.support.demo import module_env
 from tests.support.frameworks import ADAMW_STEP_BYTES, WRAPPER_PART, Scrape, parse
 from tests.support.ports import free_port
@@ -50,9 +50,11 @@ def run(tmp_path: Path, *options: str, env: dict[str, str] | None = None) -> tup
     ]
     environ = module_env({"HF_SCRIPT_METRICS_URL": f"http://127.0.0.1:{port}/metrics", **(env or {})})
     with log.open("w") as f:
-        proc = subprocess.run(
-            argv, env=environ, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=180, check=False
-        )
+        proc = forkserver.popen(argv, env=environ, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        proc.wait(180)
+    finally:
+        proc.kill()  # nothing once it exited
     result = tmp_path / "result.json"
     if proc.returncode != 0 or not result.exists():
         pytest.fail(f"{' '.join(argv)} exited {proc.returncode}:\n{tail(log)}")
