@@ -71,10 +71,12 @@ class Channel:
 
     def post(self, head: dict[str, Any], body: bytes = b"") -> bool:
         """Queue one message and write what the socket takes now, never blocking; ``pump`` writes the rest.
-        False when it was dropped: the channel is closed, or ``OUTBOX_MAX`` bytes wait already."""
+        False when it was dropped: the channel is closed, or it would take the queue past ``OUTBOX_MAX`` bytes
+        (an empty queue takes any one message: an allocator snapshot for ``/debug/snapshot`` may be larger)."""
         data = json.dumps(head, separators=(",", ":")).encode()
         with self._send_lock:
-            if self.closed or len(self._out) - self._sent + len(data) + len(body) > OUTBOX_MAX:
+            waiting = len(self._out) - self._sent
+            if self.closed or (waiting and waiting + len(data) + len(body) > OUTBOX_MAX):
                 return False
             self._out += _LENGTHS.pack(len(data), len(body)) + data
             self._out += body

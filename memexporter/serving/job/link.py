@@ -10,8 +10,8 @@ debug requests the helper admitted, answered here by the debug apps within their
 on the helper: what it sends is queued (``Channel.post``) and written when the socket takes it.
 
 ``start()`` spawns and returns: only ``wait()`` (a strict ``start()``, ``Exporter.port``) waits for the
-bind's report, ``REPORT_WAIT`` seconds at most. Once a helper has served, the thread supervises it
-(``supervise.py``): a helper that exits, or does not answer the heartbeat's pings for ``Policy.heartbeat``
+bind's report, ``REPORT_WAIT`` seconds at most. Once a helper has served, the thread (its loop: ``loop.py``)
+supervises it (``supervise.py``; one helper: ``running.py``): a helper that exits, or does not answer the heartbeat's pings for ``Policy.heartbeat``
 seconds (killed), is said in one line and started again on the same port after a backoff, with the same
 settings (the debug token too) and the board as it is, so the new helper serves the latest snapshot at once;
 ``memexporter_helper_restarts_total`` counts them. ``stop()`` sends SIGTERM (the helper exits at once: no

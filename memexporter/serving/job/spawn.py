@@ -53,7 +53,7 @@ def check_interpreter(executable: str | None = None) -> None:
         raise Unrunnable(f"this is a frozen application: sys.executable ({executable}) is the application itself")
     if not executable:
         raise Unrunnable("sys.executable is empty (an embedded interpreter)")
-    if not _PYTHON.match(Path(executable).name):
+    if not _PYTHON.match(executable.replace("\\", "/").rsplit("/", 1)[-1]):  # either separator, on any OS
         raise Unrunnable(
             f"sys.executable ({executable}) is not a Python interpreter (an embedded interpreter or a frozen "
             "application, whose executable would run a second copy of the job)"
