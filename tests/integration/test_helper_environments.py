@@ -108,7 +108,7 @@ print("steps", exp.sources.steps.steps, "port", exp.port, flush=True)
 """
 
 
-@pytest.mark.slow(seconds=8, waits=False)
+@pytest.mark.slow(seconds=15, waits=False)
 def test_a_full_temporary_folder_without_memfd_is_one_line_not_a_sigbus(tmp_path: Path) -> None:
     """A real ENOSPC: a 16 KiB tmpfs as TMPDIR, mounted in a user and mount namespace of the job's own (before,
     the board's sparse file took the job down with SIGBUS at its first publish)."""

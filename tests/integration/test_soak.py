@@ -19,7 +19,7 @@ from tests.support.demo import module_env
 pytestmark = [pytest.mark.integration]
 
 
-@pytest.mark.slow(seconds=95, waits=True)
+@pytest.mark.slow(seconds=100, waits=True)
 def test_a_minute_of_soak_with_kills_and_forks_leaves_nothing_behind(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     argv = [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_soak.py"), "--duration", "60", "--quiet", "10"]
