@@ -18,6 +18,8 @@ from memexporter.config import Config
 from memexporter.serving.job.debug import Debug
 from memexporter.serving.job.spawn import spawn, tail
 
+STARTING = 3  # times the heartbeat's limit a helper that has not reported its bind yet may stay silent
+
 
 def settings(config: Config, rank: str, port: int, grace: float | None, debug: Debug | None) -> dict[str, Any]:
     """The ``config`` message a helper gets first: the same for every helper of a job (``port``: the one the
@@ -68,8 +70,10 @@ class Running:
             self._asked = now
 
     def silent(self, now: float, limit: float) -> bool:
-        """Whether a ping has waited more than ``limit`` seconds for its answer (stopped, deadlocked)."""
-        return self._asked is not None and now - self._asked > limit
+        """Whether a ping has waited more than ``limit`` seconds for its answer (stopped, deadlocked); three times
+        that before it reported its bind: an interpreter starting on a loaded machine is not a hung one."""
+        allowed = limit if self.reported else STARTING * limit
+        return self._asked is not None and now - self._asked > allowed
 
     def tail(self) -> str:
         """The last lines of its stderr, on one line."""
