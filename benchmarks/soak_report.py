@@ -80,6 +80,7 @@ def summarise(
         "answering_again_s": latencies,
         "forks": forks,
         "load": counts,
+        "samples": samples,  # every look, warm-up included: what a figure above hides
         "steps": {
             "quiet_windows": len(quiet),
             "soak_windows": len(soak),
