@@ -1,4 +1,5 @@
-"""The exporter's own identity: build, process and run info, hook errors, dropped HTTP connections."""
+"""The exporter's own identity: build, process and run info, hook errors, dropped HTTP connections, the
+HTTP helper's restarts."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def hook_errors(scrape: Scrape) -> int:
 
 class ExporterCollector:
     """The exporter's own series, from ``Sources``: build, process and run info, hook errors, and the HTTP
-    server's dropped connections."""
+    server's dropped connections and its helper's restarts (none without HTTP)."""
 
     name = "exporter"
 
@@ -36,5 +37,8 @@ class ExporterCollector:
                 "memexporter_run_info": [((ident.rank, ident.run_id, ident.run_id_source, ident.detail), 1.0)],
                 "memexporter_hook_errors_total": [((ident.rank,), float(hook_errors(scrape)))],
                 "memexporter_http_dropped_connections_total": [((ident.rank, r), float(n)) for r, n in dropped.items()],
+                "memexporter_helper_restarts_total": [((ident.rank,), float(src.http.restarts()))]
+                if src.http is not None
+                else [],
             }
         )

@@ -63,6 +63,8 @@ class HttpSource(Protocol):
 
     def dropped(self) -> dict[str, int]: ...
 
+    def restarts(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class Identity:
@@ -88,7 +90,7 @@ class Sources:
     host: HostSource
     steps: StepTracker | None = None
     version: str = field(default="")
-    http: HttpSource | None = None  # the HTTP server's dropped-connection counts
+    http: HttpSource | None = None  # the HTTP server's dropped-connection counts and its helper's restarts
     phases: PhaseTracker | None = None
 
     @property

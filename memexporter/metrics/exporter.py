@@ -65,6 +65,14 @@ EXPORTER_SPECS: tuple[MetricSpec, ...] = (
         counts="{connection}",
         detail=True,
     ),
+    _c(
+        "helper_restarts",
+        help="Times the job started its HTTP helper process again after it exited or stopped answering the job's heartbeat (serving/job/supervise.py); absent without HTTP.",
+        labels=RANK,
+        collector="exporter",
+        otel="memexporter.helper.restarts",
+        counts="{restart}",
+    ),
 )
 
 

@@ -72,13 +72,16 @@ class Board:
     to the helper (inheritable only through ``pass_fds``)."""
 
     def __init__(self, initial: int = 1 << 20) -> None:
-        if hasattr(os, "memfd_create"):
-            self.fd = os.memfd_create("memexporter-board", os.MFD_CLOEXEC)
-        else:  # macOS: an unlinked file is as anonymous
-            self.fd = _unlinked()
-        os.ftruncate(self.fd, HEADER + initial)
+        """``OSError`` when the memory cannot be had (``ENOSPC``, ``EPERM``, ``EFBIG``...): the job then serves
+        no HTTP (``job/starting.py``)."""
+        self.fd = _anonymous()
+        try:
+            _reserve(self.fd, HEADER + initial)
+            self._map = mmap.mmap(self.fd, HEADER + initial)
+        except BaseException:
+            os.close(self.fd)
+            raise
         self._size = HEADER + initial
-        self._map = mmap.mmap(self.fd, self._size)
         self._map[:8] = MAGIC
         self._lock = threading.Lock()
         self._generation = 0
@@ -136,7 +139,7 @@ class Board:
         return int(struct.unpack_from("<Q", self._map, 8)[0])
 
     def _grow(self, size: int) -> None:
-        os.ftruncate(self.fd, size)  # the file grows, nothing moves: the active payload stays where it is
+        _reserve(self.fd, size)  # the file grows, nothing moves: the active payload stays where it is
         self._map.close()
         self._map = mmap.mmap(self.fd, size)
         self._size = size
@@ -159,10 +162,31 @@ class Board:
                 os.close(self.fd)
 
 
+def _anonymous() -> int:
+    """``memfd_create``; where the kernel has none (before 3.17, macOS) or refuses it (a seccomp profile: ENOSYS,
+    EPERM), an unlinked temporary file, as anonymous."""
+    try:
+        return os.memfd_create("memexporter-board", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return _unlinked()
+
+
 def _unlinked() -> int:
     fd, path = tempfile.mkstemp(prefix="memexporter-board-")
     os.unlink(path)
     return fd
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Make the file ``size`` bytes long with its blocks allocated now: a full file system (``ENOSPC``) or a
+    limit (``EFBIG``) is then an ``OSError`` here, never a ``SIGBUS`` on a later write to the mapping."""
+    current = os.fstat(fd).st_size
+    if size <= current:
+        return
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, current, size - current)
+    else:  # macOS: no posix_fallocate (its file systems allocate on write)
+        os.ftruncate(fd, size)
 
 
 def read_end(view: Any) -> dict[str, Any] | None:

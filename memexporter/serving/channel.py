@@ -8,6 +8,11 @@ The snapshots themselves never travel here: they are on the board (``board.py``)
 
 The socket is the helper's first sign of the job's end: when the job's process is gone, reading it
 gives EOF (``Channel.receive`` returns None).
+
+The helper sends with ``send`` (blocking, from any thread, bounded by the kernel's send timeout). The job
+never blocks on its helper, which may be stopped or deadlocked with the socket's buffer full: it queues with
+``post`` and writes what the socket takes with ``pump`` when ``select`` says it is writable, on its
+publishing thread; past ``OUTBOX_MAX`` queued bytes a message is dropped (a debug request then times out).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ MAX_BODY = 1 << 31
 
 
 SEND_TIMEOUT = 10.0  # seconds a send may wait for the other end to read (SO_SNDTIMEO: the kernel's, per call)
+OUTBOX_MAX = 64 << 20  # bytes ``post`` queues for a peer that does not read; past it, messages are dropped
+_CHUNK = 1 << 18  # bytes ``pump`` hands the kernel per call (about what a socketpair's buffer takes)
 
 
 class Channel:
@@ -41,6 +48,8 @@ class Channel:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0))
         self._send_lock = threading.Lock()
         self._buffer = bytearray()
+        self._out = bytearray()  # what ``post`` queued; ``_sent`` bytes of it are written already
+        self._sent = 0
         self.closed = False
 
     def fileno(self) -> int:
@@ -59,6 +68,42 @@ class Channel:
                 return True
             except OSError:
                 return False
+
+    def post(self, head: dict[str, Any], body: bytes = b"") -> bool:
+        """Queue one message and write what the socket takes now, never blocking; ``pump`` writes the rest.
+        False when it was dropped: the channel is closed, or it would take the queue past ``OUTBOX_MAX`` bytes
+        (an empty queue takes any one message: an allocator snapshot for ``/debug/snapshot`` may be larger)."""
+        data = json.dumps(head, separators=(",", ":")).encode()
+        with self._send_lock:
+            waiting = len(self._out) - self._sent
+            if self.closed or (waiting and waiting + len(data) + len(body) > OUTBOX_MAX):
+                return False
+            self._out += _LENGTHS.pack(len(data), len(body)) + data
+            self._out += body
+        self.pump()
+        return True
+
+    @property
+    def pending(self) -> int:
+        """Bytes queued by ``post`` that the socket has not taken yet."""
+        return len(self._out) - self._sent
+
+    def pump(self) -> None:
+        """Write queued bytes until the socket would block (``MSG_DONTWAIT``); a dead peer empties the queue."""
+        with self._send_lock:
+            while self._sent < len(self._out) and not self.closed:
+                try:
+                    self._sent += self.sock.send(self._out[self._sent : self._sent + _CHUNK], socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:  # the peer is gone: nothing queued will ever be read
+                    self._sent = len(self._out)
+            if self._sent == len(self._out):
+                self._out.clear()
+                self._sent = 0
+            elif self._sent > _CHUNK and 2 * self._sent > len(self._out):  # compact now and then, not per call
+                del self._out[: self._sent]
+                self._sent = 0
 
     def receive(self) -> list[tuple[dict[str, Any], bytes]] | None:
         """Read what is there (the socket is readable: one ``recv`` that does not block) and return the

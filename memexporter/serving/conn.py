@@ -42,11 +42,14 @@ def fd_limit() -> int:
 
 
 class ConnectionStats:
-    """Thread-safe counts of dropped connections by reason (one of ``REASONS``)."""
+    """Thread-safe counts of dropped connections by reason (one of ``REASONS``); in the job, also the helper's
+    restarts (``memexporter_helper_restarts_total``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(REASONS, 0)
+        self._base = dict.fromkeys(REASONS, 0)  # what the helpers before the current one counted
+        self._restarts = 0
 
     def count(self, reason: str) -> None:
         with self._lock:
@@ -58,7 +61,19 @@ class ConnectionStats:
         with self._lock:
             for reason, n in counts.items():
                 if reason in self._counts:
-                    self._counts[reason] = int(n)
+                    self._counts[reason] = self._base[reason] + int(n)
+
+    def restarted(self) -> None:
+        """The job started a new helper, which counts from 0: keep its predecessors' counts under its own,
+        so that the counters never go down."""
+        with self._lock:
+            self._base = dict(self._counts)
+            self._restarts += 1
+
+    def restarts(self) -> int:
+        """Helpers started after the first (in the job)."""
+        with self._lock:
+            return self._restarts
 
     def dropped(self) -> dict[str, int]:
         """``{reason: connections}`` for every reason in ``REASONS``."""

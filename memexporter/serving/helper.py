@@ -139,6 +139,8 @@ class Helper:
                         for head, body in messages or []:
                             if head.get("t") == "answer" and self.forwarder is not None:
                                 self.forwarder.answered(head, body)
+                            elif head.get("t") == "ping":  # the job's heartbeat: this loop still turns
+                                self.channel.send({"t": "pong"})
                     elif key.data == "parent":
                         self.parent.drain()
                     elif key.data == "offer" and offer.answer(lambda: self.view.ended is not None, self.server.stop):

@@ -10,11 +10,16 @@ goes to an unlinked temporary file, read only when it fails (nothing reaches the
 
 ``Popen`` forks or vforks and then executes at once: no Python runs in the child before ``exec``, so this
 is safe from a process with threads, and the job's memory is never copied.
+
+``sys.executable`` is not always a Python: a frozen application (PyInstaller, cx_Freeze: ``sys.frozen``) is
+its own executable, and an embedding program (uWSGI, a game engine) may name itself or nothing. Running that
+would start a second copy of the job, so ``check_interpreter`` refuses it first (``Unrunnable``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -33,6 +38,28 @@ BOOT = (
 KEEP = ("PATH", "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "SYSTEMROOT", "TMPDIR", "LANG", "LC_ALL")
 
 
+_PYTHON = re.compile(r"(python|pypy)", re.IGNORECASE)  # python, python3.12, python3.exe, pypy3...
+
+
+class Unrunnable(OSError):
+    """``sys.executable`` is not an interpreter that can run the helper; the message says why."""
+
+
+def check_interpreter(executable: str | None = None) -> None:
+    """``Unrunnable`` when ``executable`` (``sys.executable``) is a frozen application, empty, or not named as a
+    Python interpreter: running it could start a second copy of the job."""
+    executable = sys.executable if executable is None else executable
+    if getattr(sys, "frozen", False):
+        raise Unrunnable(f"this is a frozen application: sys.executable ({executable}) is the application itself")
+    if not executable:
+        raise Unrunnable("sys.executable is empty (an embedded interpreter)")
+    if not _PYTHON.match(executable.replace("\\", "/").rsplit("/", 1)[-1]):  # either separator, on any OS
+        raise Unrunnable(
+            f"sys.executable ({executable}) is not a Python interpreter (an embedded interpreter or a frozen "
+            "application, whose executable would run a second copy of the job)"
+        )
+
+
 def paths() -> list[str]:
     """Where this job imports memexporter and prometheus_client from."""
     roots = [Path(__file__).resolve().parents[3], Path(prometheus_client.__file__).resolve().parents[1]]
@@ -46,7 +73,9 @@ def command(channel_fd: int, board_fd: int) -> list[str]:
 
 def spawn(board_fd: int) -> tuple[subprocess.Popen[bytes], Channel, IO[bytes]]:
     """Start the helper: its process, the job's end of the channel, and the file its stderr goes to.
-    ``OSError`` when it cannot be started (no interpreter at ``sys.executable``, no process left)."""
+    ``OSError`` when it cannot be started (no interpreter at ``sys.executable``, no process left);
+    ``Unrunnable`` when ``sys.executable`` is not a Python (nothing is run)."""
+    check_interpreter()
     ours, theirs = socket.socketpair()
     errors = tempfile.TemporaryFile(prefix="memexporter-helper-")  # noqa: SIM115 - the link owns and closes it
     try:

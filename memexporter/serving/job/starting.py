@@ -3,7 +3,8 @@
 What follows the helper's report happens on the publishing thread (``link.py``): the "serving" line
 (``say_serving``) and the debug token file named by the bound port. A CUDA OOM that the allocator's
 observer sees (``oom_dump_dir``) goes to the board at once, on the allocating thread: the process may not
-live to publish again. A helper that cannot be started is said once and training goes on (strict:
+live to publish again. A helper that cannot be started (no board: ``ENOSPC``, ``EPERM``; no interpreter; a
+``sys.executable`` that is not a Python, which is never run) is said once and training goes on (strict:
 ``OSError``).
 """
 
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from memexporter.serving.job.binding import log_failure
 from memexporter.serving.job.link import REPORT_WAIT, Link
+from memexporter.serving.job.spawn import Unrunnable
 
 if TYPE_CHECKING:
     from memexporter.diagnose.wiring import Diagnostics
@@ -42,7 +44,16 @@ def start_helper(
     try:
         link.start()
     except (OSError, ValueError) as exc:  # ValueError: a platform without pass_fds
-        message = f"memexporter: cannot start the HTTP helper process ({sys.executable}): {exc}"
+        if isinstance(exc, Unrunnable):  # what to do instead, since nothing else will serve
+            message = (
+                f"memexporter: cannot run the HTTP helper process: {exc}. To serve /metrics, set sys.executable to a "
+                "Python interpreter that can import memexporter before start(); or push over OTLP (http=False, "
+                "otel=True)"
+            )
+        elif link.board is None:
+            message = getattr(exc, "strerror", None) or str(exc)  # the board: its own message
+        else:
+            message = f"memexporter: cannot start the HTTP helper process ({sys.executable}): {exc}"
         if strict:
             raise OSError(getattr(exc, "errno", None), message) from exc
         log_failure(message)

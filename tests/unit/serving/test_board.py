@@ -4,7 +4,10 @@ all; a publish cut short leaves the previous snapshot; the file grows under a re
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
+import signal
 import struct
 import threading
 from collections.abc import Iterator
@@ -111,3 +114,43 @@ def test_the_board_is_anonymous_memory_named_nowhere() -> None:
         assert os.fstat(b.fd).st_size >= HEADER
     finally:
         b.close()
+
+
+def test_without_memfd_create_the_board_is_an_unlinked_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seccomp profile that refuses memfd_create (ENOSYS), as some container runtimes have."""
+
+    def refused(name: str, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    b = Board(initial=256)
+    target = os.readlink(f"/proc/self/fd/{b.fd}")
+    assert "memfd:" not in target and "memexporter-board-" in target and target.endswith("(deleted)"), target
+    reader = BoardReader(os.dup(b.fd))
+    b.publish({"text": b"# nothing\n", "live": b"{}"})
+    snap = reader.read()
+    assert snap is not None and snap.sections["text"] == b"# nothing\n"
+    b.close()
+    os.close(reader.fd)
+
+
+def test_a_board_that_cannot_have_its_memory_says_so_at_once_not_with_a_sigbus_later() -> None:
+    """RLIMIT_FSIZE, a real limit of the kernel (EFBIG) as a full disk is (ENOSPC): the space is reserved when
+    the board is made or grown, so the error comes there, as an OSError."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (HEADER + 512, hard))
+        with pytest.raises(OSError) as made:
+            Board(initial=4096)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        b = Board(initial=256)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (os.fstat(b.fd).st_size, hard))
+        with pytest.raises(OSError) as grown:
+            b.publish({"text": b"x" * 65536})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    assert made.value.errno == grown.value.errno == errno.EFBIG
+    b.publish({"text": b"fits"})  # the board goes on where it can
+    b.close()
