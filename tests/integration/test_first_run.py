@@ -17,7 +17,7 @@ import pytest
 
 from memexporter import cli
 from memexporter import exporter as memexporter_exporter
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, forkserver
 from tests.support.demo import module_env
 from tests.support.ports import bindable, free_port
 
@@ -27,15 +27,8 @@ pytestmark = pytest.mark.integration
 def memexporter(
     *args: str, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memexporter", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=module_env(env),
-        cwd=cwd,
-        check=False,
-    )
+    """``python -m memexporter ARGS``, forked from the worker's zygote (tests/support/forkserver.py)."""
+    return forkserver.run([sys.executable, "-m", "memexporter", *args], env=module_env(env), cwd=cwd, timeout=120)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import forkserver
 from tests.support.demo import module_env
 
 pytestmark = pytest.mark.integration
@@ -47,15 +48,8 @@ SCRIPT = textwrap.dedent(
 
 def sweep(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     out_json = tmp_path / f"sweep-{time.monotonic_ns()}.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "memexporter", "sweep", "--json", str(out_json), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=module_env(),
-        cwd=tmp_path,
-        check=False,
-    )
+    argv = [sys.executable, "-m", "memexporter", "sweep", "--json", str(out_json), *args]
+    proc = forkserver.run(argv, env=module_env(), cwd=tmp_path, timeout=timeout)  # each point: a fresh process
     assert out_json.exists(), proc.stdout + proc.stderr
     return proc, json.loads(out_json.read_text())
 
