@@ -4,6 +4,10 @@ The exporter hands its ``StepTracker`` (steps.py) to ``activate``. Each ``optimi
 marks a boundary (its pre-hook samples the step peak, with the gradients alive), or
 ``memexporter.step()`` does from its first call on; the same readings open and close the automatic
 ``optimizer`` phase (phases.py). In a forked child (a DataLoader worker) nothing here does anything.
+
+A DeepSpeed engine steps its inner torch optimizer once per parameter group: the steps counter
+then takes the engine's ``global_steps`` (``storage/deepspeed.engine_step``), once per engine step,
+so gradient accumulation and parameter groups count as DeepSpeed counts.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 from memexporter.tracking import phases
 from memexporter.tracking.steps import StepTracker
+from memexporter.tracking.storage import deepspeed
 
 _active: StepTracker | None = None
 _owner_pid = os.getpid()
@@ -27,6 +32,7 @@ _hooks_installed = False
 # post finds nothing pending. A step() that raised leaves its pre pending, which the next pre
 # overwrites, so nothing stays stuck.
 _pending: int | None = None
+_engine_step: int | None = None  # the last DeepSpeed engine step counted
 
 
 def activate(tracker: StepTracker | None, auto_step: bool) -> None:
@@ -39,6 +45,8 @@ def activate(tracker: StepTracker | None, auto_step: bool) -> None:
     """
     global _active, _owner_pid, _primary, _manual, _auto, _hooks_installed, _pending
     _active, _owner_pid, _primary, _auto, _pending = tracker, os.getpid(), None, auto_step, None
+    global _engine_step
+    _engine_step = None
     if tracker is None:
         _manual = False  # a stopped exporter forgets the manual mode with everything else
     elif not _hooks_installed:
@@ -91,7 +99,27 @@ def _on_post_step(optimizer: object, args: object, kwargs: object) -> None:
     except Exception:
         primary = True
     boundary = primary and _auto and not _manual
-    phases.optimizer_end(tracker.step() if boundary else tracker.sample())
+    count = None
+    if boundary and deepspeed.loaded():
+        try:
+            count = _engine_count(optimizer)
+        except Exception:
+            count = None
+        boundary = count != -1
+    phases.optimizer_end(tracker.step(count) if boundary else tracker.sample())
+
+
+def _engine_count(optimizer: object) -> int | None:
+    """The DeepSpeed engine step ``optimizer``'s step belongs to; -1 when that one was counted
+    already (another parameter group of the same engine step); None outside an engine."""
+    global _engine_step
+    count = deepspeed.engine_step(optimizer)
+    if count is None:
+        return None
+    if count == _engine_step:
+        return -1
+    _engine_step = count
+    return count
 
 
 def step(count: int | None = None) -> None:
