@@ -30,7 +30,7 @@ __all__ = ["TESTED", "Unsupported", "absent", "checked", "engine_of", "engine_st
 log = logging.getLogger("memexporter")
 
 TESTED = ((0, 19),)
-"""DeepSpeed minors whose ZeRO structures these rules were tested against (tests/integration/deepspeed)."""
+"""DeepSpeed minors whose ZeRO structures these rules were tested against (tests/integration/frameworks/test_deepspeed_*.py)."""
 
 _FRAMES = 16  # how far up the stack an optimizer step's post-hook looks for the engine's _take_model_step
 _engines: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # optimizer -> engine ref or None
