@@ -31,6 +31,7 @@ STEPS = 3  # optimizer steps (engine.global_steps), of two micro-batches and two
 ZERO = ["z0", "z1", "z2", "z3", "z1_offload", "z2_offload", "z3_offload"]
 UNREADABLE = "z3_unreadable"
 TOLERANCE = 0.01
+FLAT = ("gradient", "optimizer_state")  # what ZeRO 1-3 keep in flat partitions; ZeRO-3 also the parameters
 
 Ranks = list[dict[str, Any]]
 
@@ -67,20 +68,10 @@ def ranks_of(results: dict[str, Ranks], config: str) -> Ranks:
     return ranks
 
 
-def truth(res: dict[str, Any], config: str) -> dict[str, float]:
+def truth(res: dict[str, Any]) -> dict[str, float]:
     """What DeepSpeed holds on this rank, per family: under ZeRO 1-3 the flat partitions' gradients,
     and their fp32 master weights plus state; under stage 0 the parameters' gradients and state."""
-    t = res["truth"]
-    flats = t["flats"]
-    masters = sum(f[1] for f in flats) if config != "z0" else 0
-    out = {
-        "parameter": t["parameter"],
-        "gradient": sum(f[0] for f in flats),
-        "optimizer_state": masters + sum(f[2] for f in flats),
-    }
-    if config.startswith("z3"):
-        out["parameter_unsharded"] = t["unsharded"]
-    return out
+    return res["truth"]["families"]
 
 
 def summed(res: dict[str, Any], family: str) -> float:
@@ -90,7 +81,7 @@ def summed(res: dict[str, Any], family: str) -> float:
 @pytest.mark.parametrize("config", ZERO)
 def test_each_family_sums_to_what_deepspeed_holds_on_each_rank(results: dict[str, Ranks], config: str) -> None:
     for r, res in enumerate(ranks_of(results, config)):
-        want = truth(res, config)
+        want = truth(res)
         got = {family: summed(res, family) for family in want}
         assert all(v > 0 for v in want.values()), f"rank {r}: the truth is empty: {want}"
         off = {f: (got[f], want[f]) for f in want if abs(got[f] - want[f]) > TOLERANCE * want[f]}
@@ -102,7 +93,7 @@ def test_each_family_sums_to_what_deepspeed_holds_on_each_rank(results: dict[str
 @pytest.mark.parametrize("config", ZERO)
 def test_every_module_has_a_row_in_every_family(results: dict[str, Ranks], config: str) -> None:
     for r, res in enumerate(ranks_of(results, config)):
-        modules = set(res["modules"])
+        modules = set(res["truth"]["modules"])
         assert len(modules) == 8, modules  # inp, 3 x (Linear, LayerNorm), head
         for family in ("parameter", "gradient", "optimizer_state"):
             rows = res["after"]["rows"][family]
@@ -131,19 +122,15 @@ def test_device_rows_say_where_deepspeed_keeps_each_family(results: dict[str, Ra
     """memexporter_module_device_bytes: summed over devices, each family's rows; the device is the
     one DeepSpeed's tensors are on (the host under offload_optimizer)."""
     for r, res in enumerate(ranks_of(results, config)):
-        t = res["truth"]
+        devices = res["truth"]["devices"]
         where: dict[str, dict[str, float]] = {}
         for key, value in res["after"]["rows"]["device"].items():
             module, family, device = key.split("|")
             where.setdefault(family, {}).setdefault(device, 0.0)
             where[family][device] += value
             assert value <= res["after"]["rows"][family][module], f"rank {r}: {key}"
-        want_devices = {
-            "gradient": {f[3] for f in t["flats"]},
-            "optimizer_state": {f[4] for f in t["flats"]},
-        }
-        if config.startswith("z3"):
-            want_devices["parameter"] = set(t["parameter_device"])
+        families = ("parameter", "gradient", "optimizer_state") if config.startswith("z3") else FLAT
+        want_devices = {family: set(devices[family]) for family in families}
         assert {f: set(d) for f, d in where.items()} == want_devices, f"rank {r}"
         for family in want_devices:
             assert sum(where[family].values()) == summed(res, family), f"rank {r} {family}"
@@ -156,7 +143,7 @@ def test_unreadable_internals_leave_the_rows_out_with_the_reason(results: dict[s
     for r, res in enumerate(ranks_of(results, UNREADABLE)):
         rows = res["after"]["rows"]
         assert not rows["gradient"] and not rows["optimizer_state"], f"rank {r}: {rows}"
-        assert summed(res, "parameter") == res["truth"]["parameter"] > 0
+        assert summed(res, "parameter") == truth(res)["parameter"] > 0
         assert res["before"]["success"]["modules"] == 1
         assert res["after"]["success"]["modules"] == 0, f"rank {r}"
     text = results["log"][0]["text"]

@@ -10,7 +10,8 @@ the HF Trainer makes, and two micro-batches per optimizer step), ``memexporter.t
 optimizer)``, trains, scrapes its own ``/metrics``, and records beside the scrape the truth read
 from DeepSpeed's own partitions with torch's API only: a step post-hook on every optimizer records
 each stepped tensor (the flat fp32 partition under ZeRO 1-3, the parameter under stage 0), its
-``.grad`` and ``optimizer.state``; ZeRO-3's ``ds_tensor``/``ds_numel`` give the parameters.
+``.grad`` and ``optimizer.state``; ZeRO-3's ``ds_tensor``/``ds_numel`` give the parameters
+(tests/support/zero_truth.py).
 Writes ``OUT_DIR/rank<R>.json``; nothing is asserted here.
 """
 
@@ -30,13 +31,12 @@ import deepspeed.ops
 import torch
 import torch.distributed as dist
 from prometheus_client.parser import text_string_to_metric_families
-from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import memexporter
 import memexporter.tracking.boundaries as mx_boundaries
 import memexporter.tracking.errors as mx_errors
 import memexporter.tracking.gradients as mx_optimizer
+from tests.support.zero_truth import Net, Truth, config, groups
 
 # DeepSpeed's CPU accelerator builds a shared-memory all-reduce (C++, minutes on 2 cores) unless the
 # op is marked not compatible; gloo does the same all-reduce.
@@ -44,44 +44,6 @@ deepspeed.ops.__compatible_ops__ = {}
 
 STEPS, ACCUMULATE, BATCH = 3, 2, 4
 FAMILIES = ("parameter", "parameter_unsharded", "gradient", "optimizer_state", "device")
-
-
-class Net(nn.Module):
-    """The issue's five-layer MLP, with a LayerNorm; odd sizes, so ZeRO pads its partitions."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(16, 33)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(33, 33), nn.LayerNorm(33)) for _ in range(3))
-        self.head = nn.Linear(33, 7)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for block in self.blocks:
-            x = torch.relu(block(x))
-        return self.head(x)
-
-
-class Truth:
-    """What each optimizer step holds, read with torch's API in a step post-hook: per stepped tensor
-    ``[gradient bytes, master bytes, state bytes, gradient device, state device]``, the last step's."""
-
-    def __init__(self) -> None:
-        self.flats: dict[int, list[Any]] = {}
-        register_optimizer_step_post_hook(self.post)
-
-    def post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        for group in optimizer.param_groups:
-            for t in group["params"]:
-                g = t.grad
-                state = [v for v in optimizer.state.get(t, {}).values() if isinstance(v, torch.Tensor)]
-                self.flats[id(t)] = [
-                    0 if g is None else g.numel() * g.element_size(),
-                    t.numel() * t.element_size(),
-                    sum(v.numel() * v.element_size() for v in state),
-                    str(t.device if g is None else g.device),
-                    str(state[0].device if state else t.device),
-                ]
 
 
 def scrape(url: str) -> dict[str, Any]:
@@ -109,29 +71,13 @@ def scrape(url: str) -> dict[str, Any]:
     return out
 
 
-def config(stage: int, offload: bool) -> dict[str, Any]:
-    zero: dict[str, Any] = {"stage": stage}
-    if offload:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
-    return {
-        "train_micro_batch_size_per_gpu": BATCH,
-        "gradient_accumulation_steps": ACCUMULATE,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-        "zero_optimization": zero,
-        "zero_force_ds_cpu_optimizer": False,  # torch's AdamW over the offloaded partitions (no C++ op)
-        "steps_per_print": 10**6,
-    }
-
-
 def run(name: str, url: str, truth: Truth) -> dict[str, Any]:
     stage, offload, unreadable = int(name[1]), name.endswith("_offload"), name.endswith("_unreadable")
     torch.manual_seed(0)
     model = Net()
-    groups = [
-        {"params": [p for n, p in model.named_parameters() if not n.endswith("bias")], "weight_decay": 0.01},
-        {"params": [p for n, p in model.named_parameters() if n.endswith("bias")], "weight_decay": 0.0},
-    ]
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=config(stage, offload))
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=model, model_parameters=groups(model), config=config(stage, offload, ACCUMULATE, BATCH)
+    )
     if unreadable:  # as if another DeepSpeed kept its map elsewhere: only its public accessors read it
         del engine.optimizer.grad_position
     before = scrape(url)
@@ -143,23 +89,12 @@ def run(name: str, url: str, truth: Truth) -> dict[str, Any]:
         engine.backward(loss)
         engine.step()
     after = scrape(url)
-    params = list(model.parameters())
-    held = [getattr(p, "ds_tensor", p) for p in params]
     result = {
         "before": before,
         "after": after,
         "global_steps": engine.global_steps,
         "hook_errors_fn": mx_errors.hook_errors(),
-        "truth": {
-            "flats": list(truth.flats.values()),
-            "stage0_params": sum(p.numel() * p.element_size() for p in params) if stage == 0 else 0,
-            "parameter": sum(t.numel() * t.element_size() for t in held),
-            "parameter_device": sorted({str(t.device) for t in held}),
-            "unsharded": sum(
-                int(getattr(p, "ds_numel", p.numel())) * t.element_size() for p, t in zip(params, held, strict=True)
-            ),
-        },
-        "modules": sorted(n for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))),
+        "truth": truth.held(model, stage),
     }
     handle.remove()
     engine.destroy()
