@@ -99,5 +99,18 @@ class Truth:
                 "optimizer_state": sorted({f[4] for f in flats}),
                 "parameter": sorted({str(t.device) for t in held}),
             },
-            "modules": sorted(n for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))),
+            "modules": rows(model),
         }
+
+
+def rows(model: nn.Module, depth: int = 3) -> list[str]:
+    """The row labels that must hold parameters: each module that registers a parameter first (a
+    tied weight belongs to its first owner), cut at ``depth`` dotted parts (the default module depth)."""
+    seen: set[int] = set()
+    out: set[str] = set()
+    for name, m in model.named_modules():
+        own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
+        seen |= {id(p) for p in own}
+        if own:
+            out.add(".".join(name.split(".")[:depth]) or "(root)")
+    return sorted(out)
