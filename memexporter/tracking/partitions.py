@@ -26,6 +26,7 @@ from memexporter.tracking.storage.zero import FlatCount, ZeroMap
 __all__ = ["ZeroRows"]
 
 FAMILIES = ("gradient", "optimizer_state")
+_MAX_FLATS = 1024  # partitions whose last count time is kept (one per parameter group or ZeRO-3 sub-group)
 
 
 class ZeroRows:
@@ -81,6 +82,8 @@ class ZeroRows:
         params = plan.tensors(plan.params)
         self._tried = zero.fingerprint([p for p, _ in params])
         self._flats.clear()
+        if len(self._counted) > _MAX_FLATS:  # bounded: rebuilt partitions are new tensors
+            self._counted.clear()
         try:
             deepspeed.checked()
             self._map = zero.build(params)
