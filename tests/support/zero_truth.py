@@ -42,8 +42,10 @@ def groups(model: nn.Module) -> list[dict[str, Any]]:
 def config(stage: int, offload: bool, accumulate: int, batch: int) -> dict[str, Any]:
     """A DeepSpeed config that runs on its CPU accelerator: torch's AdamW, no C++ op."""
     zero: dict[str, Any] = {"stage": stage}
-    if offload:
+    if offload:  # ZeRO-3 offloads its parameter partitions too
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": False}
     return {
         "train_micro_batch_size_per_gpu": batch,
         "gradient_accumulation_steps": accumulate,

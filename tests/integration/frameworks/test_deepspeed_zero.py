@@ -1,4 +1,5 @@
-"""Per-module rows under DeepSpeed ZeRO 0, 1, 2 and 3, with and without optimizer offload (issue 42).
+"""Per-module rows under DeepSpeed ZeRO 0, 1, 2 and 3, with and without offload (issue 42): optimizer
+state offloaded to the host under ZeRO 1-3, and the parameter partitions too under ZeRO-3.
 
 One ``torchrun --standalone --nproc-per-node=2`` launch (gloo, DeepSpeed's CPU accelerator) runs
 every configuration in turn (scripts/zero_worker.py): ``deepspeed.initialize`` with two parameter

@@ -2,8 +2,8 @@
 
     DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node=2 zero_worker.py OUT_DIR CONFIG[,CONFIG...]
 
-CONFIG is ``z<stage>`` or ``z<stage>_offload`` (``offload_optimizer`` to the host), or
-``z3_unreadable`` (ZeRO-3 without its ``grad_position`` map, as if another DeepSpeed kept it elsewhere).
+CONFIG is ``z<stage>`` or ``z<stage>_offload`` (``offload_optimizer`` to the host; under ZeRO-3
+``offload_param`` too), or ``z3_unreadable`` (ZeRO-3 without its ``grad_position`` map, as if another DeepSpeed kept it elsewhere).
 Each rank imports torch and DeepSpeed once, starts the exporter (port 0, loopback), then for each
 configuration builds the same small MLP, calls ``deepspeed.initialize`` (two parameter groups, as
 the HF Trainer makes, and two micro-batches per optimizer step), ``memexporter.track(engine,
