@@ -26,7 +26,7 @@ from tests.support.ports import free_port
 from tests.support.process import tail
 
 # One process per way (a module-scoped fixture) serves its three tests: keep them on one xdist worker.
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=50), pytest.mark.xdist_group("deepspeed_ways_in")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=70), pytest.mark.xdist_group("deepspeed_ways_in")]
 
 pytest.importorskip("deepspeed", reason="needs DeepSpeed: pip install 'memexporter[frameworks]'")
 

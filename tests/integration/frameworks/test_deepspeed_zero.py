@@ -24,7 +24,7 @@ from tests.support import REPO_ROOT
 from tests.support.demo import module_env
 from tests.support.process import tail
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=45), pytest.mark.xdist_group("zero_modules")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=50), pytest.mark.xdist_group("zero_modules")]
 
 WORKER = Path(__file__).parent / "scripts" / "zero_worker.py"
 WORLD = 2
