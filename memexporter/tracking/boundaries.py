@@ -7,7 +7,9 @@ marks a boundary (its pre-hook samples the step peak, with the gradients alive),
 
 A DeepSpeed engine steps its inner torch optimizer once per parameter group: the steps counter
 then takes the engine's ``global_steps`` (``storage/deepspeed.engine_step``), once per engine step,
-so gradient accumulation and parameter groups count as DeepSpeed counts.
+so gradient accumulation and parameter groups count as DeepSpeed counts. The boundary is the last
+group's step (as many as the engine's previous step took; the first engine step's first), and the
+``optimizer`` phase stays open from the first group's step to it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ _hooks_installed = False
 # post finds nothing pending. A step() that raised leaves its pre pending, which the next pre
 # overwrites, so nothing stays stuck.
 _pending: int | None = None
-_engine_step: int | None = None  # the last DeepSpeed engine step counted
+_engine_step: int | None = None  # the DeepSpeed engine step under way
+_engine_posts = 0  # its optimizer step calls so far (one per parameter group)
+_engine_groups = 1  # how many the previous engine step took
+_MORE, _PAST = -1, -2  # _engine_count: before and after the engine step's last group
 
 
 def activate(tracker: StepTracker | None, auto_step: bool) -> None:
@@ -43,9 +48,8 @@ def activate(tracker: StepTracker | None, auto_step: bool) -> None:
     ``stop()`` from a timer, say) can raise "OrderedDict mutated during iteration" into training.
     With no tracker the hooks return at once.
     """
-    global _active, _owner_pid, _primary, _manual, _auto, _hooks_installed, _pending
+    global _active, _owner_pid, _primary, _manual, _auto, _hooks_installed, _pending, _engine_step
     _active, _owner_pid, _primary, _auto, _pending = tracker, os.getpid(), None, auto_step, None
-    global _engine_step
     _engine_step = None
     if tracker is None:
         _manual = False  # a stopped exporter forgets the manual mode with everything else
@@ -105,21 +109,30 @@ def _on_post_step(optimizer: object, args: object, kwargs: object) -> None:
             count = _engine_count(optimizer)
         except Exception:
             count = None
-        boundary = count != -1
+        if count == _MORE:  # more groups of this engine step follow: the optimizer phase stays open
+            tracker.sample()
+            return
+        if count == _PAST:  # a group beyond the previous step's count: counted already
+            boundary, count = False, None
     phases.optimizer_end(tracker.step(count) if boundary else tracker.sample())
 
 
 def _engine_count(optimizer: object) -> int | None:
-    """The DeepSpeed engine step ``optimizer``'s step belongs to; -1 when that one was counted
-    already (another parameter group of the same engine step); None outside an engine."""
-    global _engine_step
+    """The DeepSpeed engine step ``optimizer``'s step belongs to, at its last parameter group's
+    step; ``_MORE`` before it, ``_PAST`` after it (the engine took more groups than its previous
+    step: the first); None outside an engine."""
+    global _engine_step, _engine_posts, _engine_groups
     count = deepspeed.engine_step(optimizer)
     if count is None:
         return None
-    if count == _engine_step:
-        return -1
-    _engine_step = count
-    return count
+    if count != _engine_step:  # a new engine step: the last one took _engine_posts group steps
+        if _engine_step is not None:
+            _engine_groups = max(1, _engine_posts)
+        _engine_step, _engine_posts = count, 0
+    _engine_posts += 1
+    if _engine_posts == _engine_groups:
+        return count
+    return _MORE if _engine_posts < _engine_groups else _PAST
 
 
 def step(count: int | None = None) -> None:

@@ -11,6 +11,7 @@ here: what two ranks change (each holds its partition) is the torchrun test's.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -28,7 +29,9 @@ from tests.support.process import tail
 # One process per way (a module-scoped fixture) serves its three tests: keep them on one xdist worker.
 pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=70), pytest.mark.xdist_group("deepspeed_ways_in")]
 
-pytest.importorskip("deepspeed", reason="needs DeepSpeed: pip install 'memexporter[frameworks]'")
+# Found, not imported: DeepSpeed runs in the scripts' processes, never in the test process.
+if importlib.util.find_spec("deepspeed") is None:
+    pytest.skip("needs DeepSpeed: pip install 'memexporter[frameworks]'", allow_module_level=True)
 
 SCRIPT = Path(__file__).parent / "scripts" / "deepspeed_script.py"
 STEPS = 4
@@ -38,7 +41,8 @@ WAYS = {"hf": ("transformers", False), "accelerate": ("accelerate", False), "pla
 
 
 def launch(way: str, out: Path) -> tuple[Scrape, dict[str, Any]]:
-    pytest.importorskip(WAYS[way][0], reason=f"needs {WAYS[way][0]}: pip install 'memexporter[frameworks]'")
+    if importlib.util.find_spec(WAYS[way][0]) is None:
+        pytest.skip(f"needs {WAYS[way][0]}: pip install 'memexporter[frameworks]'")
     env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     argv = [sys.executable, str(SCRIPT), way, str(out)]

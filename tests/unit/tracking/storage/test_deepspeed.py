@@ -5,6 +5,7 @@ above the step hook, and its ``global_steps`` says which step; the version check
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import pytest
@@ -44,8 +45,9 @@ def test_a_zero3_parameter_holds_its_partition() -> None:
 
 
 def test_the_engine_step_comes_from_the_engine_that_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "deepspeed", raising=False)
     opt = Optimizer()
-    assert opt.step() is None  # DeepSpeed not imported: not even looked for
+    assert opt.step() is None  # DeepSpeed not imported: not even looked for (nor remembered)
     loaded(monkeypatch)
     engine = Engine(opt)
     assert [engine._take_model_step() for _ in range(3)] == [1, 2, 3]
@@ -93,9 +95,13 @@ def test_the_step_counter_counts_engine_steps_not_group_steps(monkeypatch: pytes
     a, b = torch.zeros(3, requires_grad=True), torch.zeros(2, requires_grad=True)
     opt = torch.optim.SGD([{"params": [a]}, {"params": [b]}], lr=0.1)
     engine = ZeroEngine(opt)
+    monkeypatch.delitem(sys.modules, "deepspeed", raising=False)
     opt.step()  # DeepSpeed not imported: every step call is a step
     assert rig.steps.steps == 1
     loaded(monkeypatch)
     for _ in range(3):
         engine._take_model_step()
     assert engine.global_steps == 3 and rig.steps.steps == 3  # count = global_steps (+1 at each engine step)
+    # The optimizer phase: once for the plain step, then per group in the first engine step (the
+    # groups are not known yet), then once per engine step, from its first group to its last.
+    assert rig.phases.snapshot()[0]["optimizer"].completed == 1 + 2 + 2
