@@ -3,7 +3,9 @@
     DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node=2 zero_worker.py OUT_DIR CONFIG[,CONFIG...]
 
 CONFIG is ``z<stage>`` or ``z<stage>_offload`` (``offload_optimizer`` to the host; under ZeRO-3
-``offload_param`` too), or ``z3_unreadable`` (ZeRO-3 without its ``grad_position`` map, as if another DeepSpeed kept it elsewhere).
+``offload_param`` too), ``z3_unreadable`` (ZeRO-3 without its ``grad_position`` map, as if another
+DeepSpeed kept it elsewhere), or ``z2_rebuild`` (the model tracked before ``initialize``, one step on
+a first engine, then a second engine over the same model: new partitions to read).
 Each rank imports torch and DeepSpeed once, starts the exporter (port 0, loopback), then for each
 configuration builds the same small MLP, calls ``deepspeed.initialize`` (two parameter groups, as
 the HF Trainer makes, and two micro-batches per optimizer step), ``memexporter.track(engine,
@@ -71,23 +73,34 @@ def scrape(url: str) -> dict[str, Any]:
     return out
 
 
+def train(engine: Any, steps: int) -> None:
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps * ACCUMULATE):
+        loss = engine(torch.randn(BATCH, 16, generator=g)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+
+
 def run(name: str, url: str, truth: Truth) -> dict[str, Any]:
     stage, offload, unreadable = int(name[1]), name.endswith("_offload"), name.endswith("_unreadable")
     torch.manual_seed(0)
     model = Net()
-    engine, optimizer, _, _ = deepspeed.initialize(
-        model=model, model_parameters=groups(model), config=config(stage, offload, ACCUMULATE, BATCH)
-    )
+    ds = config(stage, offload, ACCUMULATE, BATCH)
+    if name.endswith("_rebuild"):  # tracked before DeepSpeed (as the HF callback does); an engine that dies
+        handle = memexporter.track(model)
+        first, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups(model), config=ds)
+        train(first, 1)
+        first.destroy()
+        del first
+        gc.collect()
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=groups(model), config=ds)
     if unreadable:  # as if another DeepSpeed kept its map elsewhere: only its public accessors read it
         del engine.optimizer.grad_position
     before = scrape(url)
-    handle = memexporter.track(engine, optimizer)
+    if not name.endswith("_rebuild"):
+        handle = memexporter.track(engine, optimizer)
     truth.flats.clear()
-    g = torch.Generator().manual_seed(dist.get_rank())
-    for _ in range(STEPS * ACCUMULATE):
-        loss = engine(torch.randn(BATCH, 16, generator=g)).pow(2).mean()
-        engine.backward(loss)
-        engine.step()
+    train(engine, STEPS)
     after = scrape(url)
     result = {
         "before": before,

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from memexporter.tracking import boundaries
 from memexporter.tracking.storage import deepspeed
 from tests.support.deepspeed_standins import loaded
 
@@ -98,10 +99,13 @@ def test_the_step_counter_counts_engine_steps_not_group_steps(monkeypatch: pytes
     monkeypatch.delitem(sys.modules, "deepspeed", raising=False)
     opt.step()  # DeepSpeed not imported: every step call is a step
     assert rig.steps.steps == 1
+    boundaries.activate(rig.steps, auto_step=True)  # a new run: its first stepping model is the primary
     loaded(monkeypatch)
     for _ in range(3):
         engine._take_model_step()
-    assert engine.global_steps == 3 and rig.steps.steps == 3  # count = global_steps (+1 at each engine step)
+    # One per engine step: global_steps where it is ahead of the counter (a fresh or resumed engine),
+    # else one more (here the plain step came first; an engine built again also counts from 0).
+    assert engine.global_steps == 3 and rig.steps.steps == 4
     # The optimizer phase: once for the plain step, then per group in the first engine step (the
     # groups are not known yet), then once per engine step, from its first group to its last.
     assert rig.phases.snapshot()[0]["optimizer"].completed == 1 + 2 + 2
