@@ -45,9 +45,11 @@ class ZeroRows:
         """Whether ``optimizer`` steps this model's ZeRO partitions (decided at its first step)."""
         ours = self._ours.get(optimizer)
         if ours is None:
-            found = deepspeed.loaded() and self._read()
+            flats = _stepped(optimizer)
+            known = any(id(f) in self._shares() for f in flats)  # a second optimizer over the same map
+            found = deepspeed.loaded() and (known or self._read())
             # Unreadable (rows absent) or one of the model's partitions: either way DeepSpeed's step.
-            ours = found and (self._map is None or any(id(f) in self._shares() for f in _stepped(optimizer)))
+            ours = found and (self._map is None or any(id(f) in self._shares() for f in flats))
             self._ours[optimizer] = ours
         return ours
 
