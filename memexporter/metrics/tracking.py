@@ -5,7 +5,7 @@ the host (memexporter/metrics/__init__.py).
 
 from __future__ import annotations
 
-from memexporter.metrics.spec import DEVICE_PHASE, MODULE, PHASE, RANK, MetricSpec, _c, _g
+from memexporter.metrics.spec import DEVICE_PHASE, MODULE, MODULE_DEVICE, PHASE, RANK, MetricSpec, _c, _g
 
 PHASE_SPECS: tuple[MetricSpec, ...] = (
     # --- Phases (collectors/phases.py): memexporter.phase() and the automatic forward/backward/optimizer.
@@ -85,10 +85,20 @@ MODULE_SPECS: tuple[MetricSpec, ...] = (
     _g(
         "module_parameter_unsharded_bytes",
         unit="bytes",
-        help="Bytes of the module's parameters unsharded (their global size), only for a model with sharded (DTensor: FSDP2, tensor parallel) parameters: module_parameter_bytes / this = the share this rank holds. Under FSDP2 also what the all-gather materialises for the module's forward and backward.",
+        help="Bytes of the module's parameters unsharded (their global size), only for a model with sharded (DTensor: FSDP2, tensor parallel; DeepSpeed ZeRO-3: ds_numel) parameters: module_parameter_bytes / this = the share this rank holds. Under FSDP2 and ZeRO-3 also what the all-gather materialises for the module's forward and backward.",
         labels=MODULE,
         collector="modules",
         otel="memexporter.module.parameter_unsharded",
+        sharded=True,
+        detail=True,
+    ),
+    _g(
+        "module_device_bytes",
+        unit="bytes",
+        help="A DeepSpeed ZeRO model's module rows split by the device that holds the bytes (family: parameter, gradient, optimizer_state; CPU offload puts them on device cpu): summed over device, the module_<family>_bytes row. Only for DeepSpeed ZeRO models, read from DeepSpeed's flat partitions and ZeRO-3's ds_tensor.",
+        labels=MODULE_DEVICE,
+        collector="modules",
+        otel="memexporter.module.device",
         sharded=True,
         detail=True,
     ),

@@ -4,6 +4,12 @@ The exporter hands its ``StepTracker`` (steps.py) to ``activate``. Each ``optimi
 marks a boundary (its pre-hook samples the step peak, with the gradients alive), or
 ``memexporter.step()`` does from its first call on; the same readings open and close the automatic
 ``optimizer`` phase (phases.py). In a forked child (a DataLoader worker) nothing here does anything.
+
+A DeepSpeed engine steps its inner torch optimizer once per parameter group: the steps counter
+then takes the engine's ``global_steps`` (the engine: ``storage/deepspeed.engine_of``), once per engine step,
+so gradient accumulation and parameter groups count as DeepSpeed counts. The boundary is the last
+group's step (as many as the engine's previous step took; the first engine step's first), and the
+``optimizer`` phase stays open from the first group's step to it.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 
 from memexporter.tracking import phases
 from memexporter.tracking.steps import StepTracker
+from memexporter.tracking.storage import deepspeed
 
 _active: StepTracker | None = None
 _owner_pid = os.getpid()
@@ -27,6 +34,10 @@ _hooks_installed = False
 # post finds nothing pending. A step() that raised leaves its pre pending, which the next pre
 # overwrites, so nothing stays stuck.
 _pending: int | None = None
+_engine_step: tuple[int, int] | None = None  # the DeepSpeed engine step under way: (id(engine), its count)
+_engine_posts = 0  # its optimizer step calls so far (one per parameter group)
+_engine_groups = 1  # how many the previous engine step took
+_MORE, _PAST = -1, -2  # _engine_count: before and after the engine step's last group
 
 
 def activate(tracker: StepTracker | None, auto_step: bool) -> None:
@@ -37,8 +48,9 @@ def activate(tracker: StepTracker | None, auto_step: bool) -> None:
     ``stop()`` from a timer, say) can raise "OrderedDict mutated during iteration" into training.
     With no tracker the hooks return at once.
     """
-    global _active, _owner_pid, _primary, _manual, _auto, _hooks_installed, _pending
+    global _active, _owner_pid, _primary, _manual, _auto, _hooks_installed, _pending, _engine_step
     _active, _owner_pid, _primary, _auto, _pending = tracker, os.getpid(), None, auto_step, None
+    _engine_step = None
     if tracker is None:
         _manual = False  # a stopped exporter forgets the manual mode with everything else
     elif not _hooks_installed:
@@ -87,11 +99,49 @@ def _on_post_step(optimizer: object, args: object, kwargs: object) -> None:
     if tracker is None:
         return
     try:
-        primary = _is_primary(optimizer)
+        engine = deepspeed.engine_of(optimizer)  # None at once without DeepSpeed
+    except Exception:
+        engine = None
+    try:
+        # An engine's model stands for its optimizers: an engine built again over the same model
+        # (DeepSpeed keeps the first one's alive after destroy()) keeps the boundary.
+        primary = _is_primary(optimizer if engine is None else getattr(engine, "module", engine))
     except Exception:
         primary = True
     boundary = primary and _auto and not _manual
-    phases.optimizer_end(tracker.step() if boundary else tracker.sample())
+    count = None
+    if boundary and engine is not None:
+        try:
+            count = _engine_count(engine)
+        except Exception:
+            count = None
+        if count == _MORE:  # more groups of this engine step follow: the optimizer phase stays open
+            tracker.sample()
+            return
+        if count == _PAST:  # a group beyond the previous step's count: counted already
+            boundary, count = False, None
+        elif count is not None and count <= tracker.steps:  # an engine built again counts from 0: one more
+            count = None
+    phases.optimizer_end(tracker.step(count) if boundary else tracker.sample())
+
+
+def _engine_count(engine: object) -> int | None:
+    """The DeepSpeed engine step under way (``global_steps + 1``), at its last parameter group's
+    step; ``_MORE`` before it, ``_PAST`` after it (the engine took more groups than its previous
+    step: the first); None when the engine has no ``global_steps``."""
+    global _engine_step, _engine_posts, _engine_groups
+    steps = getattr(engine, "global_steps", None)
+    if not isinstance(steps, int):
+        return None
+    count = steps + 1
+    if (id(engine), count) != _engine_step:  # a new engine step: the last one took _engine_posts group steps
+        if _engine_step is not None:
+            _engine_groups = max(1, _engine_posts)
+        _engine_step, _engine_posts = (id(engine), count), 0
+    _engine_posts += 1
+    if _engine_posts == _engine_groups:
+        return count
+    return _MORE if _engine_posts < _engine_groups else _PAST
 
 
 def step(count: int | None = None) -> None:

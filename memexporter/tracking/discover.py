@@ -36,6 +36,7 @@ from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
 
 from memexporter.tracking.errors import count_failure
+from memexporter.tracking.storage import deepspeed
 
 log = logging.getLogger("memexporter")
 
@@ -126,6 +127,10 @@ class Discovery:
                 return
             self._stepped.add(id(optimizer))
             stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            # DeepSpeed ZeRO steps flat partitions: the engine's module holds the parameters.
+            inner = getattr(deepspeed.engine_of(optimizer), "module", None)
+            if isinstance(inner, nn.Module):
+                stepped |= {id(p) for p in inner.parameters()}
             best, best_n = None, 0
             for ref in list(self._candidates.values()):
                 m = ref()

@@ -25,6 +25,7 @@ from torch.utils.hooks import RemovableHandle
 from memexporter.tracking import ledger
 from memexporter.tracking.counts import ModelCounts
 from memexporter.tracking.errors import count_failure
+from memexporter.tracking.partitions import ZeroRows
 
 __all__ = ["STEP_COUNT_INTERVAL_S", "GradientCounter", "inner_optimizer", "optimizers"]
 
@@ -41,6 +42,7 @@ class GradientCounter:
         self._state: weakref.WeakKeyDictionary[Optimizer, tuple[int, ...]] = weakref.WeakKeyDictionary()
         self._counted: weakref.WeakKeyDictionary[Optimizer, float] = weakref.WeakKeyDictionary()  # monotonic s
         self._holds: weakref.WeakKeyDictionary[Optimizer, tuple[int, bool]] = weakref.WeakKeyDictionary()
+        self.zero = ZeroRows(counts, STEP_COUNT_INTERVAL_S)  # DeepSpeed ZeRO's flat partitions
 
     def attach(self, optimizers: list[Optimizer] | None) -> list[RemovableHandle]:
         """Hook ``optimizers``' steps, or every optimizer's (the global hook) when ``None``."""
@@ -55,7 +57,8 @@ class GradientCounter:
             known = self._holds.get(optimizer)
             if known is None or known[0] != groups:
                 ids = self._counts.params.param_ids
-                known = (groups, any(id(p) in ids for g in optimizer.param_groups for p in g["params"]))
+                held = any(id(p) in ids for g in optimizer.param_groups for p in g["params"])
+                known = (groups, held or self.zero.steps(optimizer))
                 self._holds[optimizer] = known
         except Exception:
             count_failure("optimizer step hook")
@@ -68,6 +71,10 @@ class GradientCounter:
             if os.getpid() != self._counts.pid:
                 return
             self._end_pass()  # the pass is over (and a forward interrupted by Ctrl-C is closed)
+            if self.zero.steps(optimizer):  # DeepSpeed ZeRO: flat partitions, one group per step call
+                self.zero.interval = STEP_COUNT_INTERVAL_S
+                self.zero.on_step(optimizer)
+                return
             # Counting touches every .grad and state tensor (~2 us per parameter): do it at the
             # first step of each optimizer, then at most every STEP_COUNT_INTERVAL_S seconds.
             now = time.monotonic()

@@ -4,12 +4,10 @@ The hooks in ``tracking/forward.py`` and ``tracking/gradients.py`` call the coun
 and publish the results as an immutable ``snapshots.Snapshot``, which is all the scrape thread
 reads (DESIGN.md §2 rule 4).
 
-Bytes follow storage, each piece of memory counted once:
-
-- parameters, gradients and optimizer state count their **own** bytes (``owned``): a tied weight
-  is one tensor, counted once; a view into a shared bucket is charged to its own parameter;
-- saved activations count the **whole storage** they keep alive (``storage``), once per forward;
-- a DTensor (FSDP2, tensor parallel) counts its local shard: what this rank holds.
+Bytes follow storage, each piece of memory counted once, by each framework's rules
+(``tracking/storage/``): torch's own tensors (``plain``), DTensors (``dtensor``: FSDP2, tensor
+parallel, the local shard), DeepSpeed (``deepspeed``: a ZeRO-3 parameter's partition; ``zero``:
+the flat partitions, counted in ``tracking/partitions.py``).
 """
 
 from __future__ import annotations
@@ -20,48 +18,11 @@ import torch
 from torch.optim import Optimizer
 
 from memexporter.tracking.plan import Plan
+from memexporter.tracking.storage import deepspeed, dtensor
+from memexporter.tracking.storage.dtensor import local
+from memexporter.tracking.storage.plain import owned, storage
 
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor whose memory this rank holds: a DTensor's local shard (FSDP2, tensor parallel)."""
-    while True:
-        inner = getattr(t, "_local_tensor", None)
-        if not isinstance(inner, torch.Tensor):
-            return t
-        t = inner
-
-
-def storage(t: torch.Tensor) -> tuple[int, int]:
-    """``(identity, bytes)`` of the memory a tensor holds alive: its whole storage, so views count
-    once. For activations: a saved view keeps its whole storage alive."""
-    t = local(t)
-    if t.is_sparse:
-        v, i = t._values(), t._indices()
-        return id(t), v.numel() * v.element_size() + i.numel() * i.element_size()
-    try:
-        s = t.untyped_storage()
-        ptr = s.data_ptr()
-    except Exception:  # other wrapper subclasses and storage-less tensors: the logical size
-        return id(t), t.numel() * t.element_size()
-    return (ptr, s.nbytes()) if ptr else (0, 0)  # meta or empty: holds no memory
-
-
-def owned(t: torch.Tensor) -> tuple[int, int]:
-    """``(identity, bytes)`` of a parameter, gradient or optimizer-state tensor: its own bytes.
-
-    A view into a shared buffer (DDP's ``gradient_as_bucket_view``, a flat parameter) counts its
-    own elements, keyed by its first element's address, so each parameter is charged for its own
-    slice and the buffer is counted once in pieces. Never more than the storage holds (an
-    expanded tensor). A DTensor counts its local shard.
-    """
-    t = local(t)
-    if t.is_sparse:
-        return storage(t)
-    try:
-        ptr, cap = t.data_ptr(), t.untyped_storage().nbytes()
-    except Exception:
-        return id(t), t.numel() * t.element_size()
-    return (ptr, min(t.numel() * t.element_size(), cap)) if ptr else (0, 0)
+__all__ = ["ParamCount", "count_params", "count_step", "local", "owned", "storage"]
 
 
 @dataclass(frozen=True)
@@ -69,34 +30,50 @@ class ParamCount:
     """Parameter bytes per row, and what the hooks need to know about the parameters."""
 
     bytes: tuple[int, ...]  # local bytes: what this rank holds
-    unsharded: tuple[int, ...] | None  # global bytes of DTensor parameters; None: nothing sharded
+    unsharded: tuple[int, ...] | None  # global bytes of sharded parameters; None: nothing sharded
     exclude: frozenset[int]  # storage keys of parameters and buffers: not activations
     param_ids: frozenset[int]
     cuda_index: int | None  # device of the first CUDA parameter
     failed: int = 0  # tensors that could not be read (skipped)
+    # ZeRO-3 models only: (device, bytes per row) of the partitions (offload_param puts them on the host).
+    placement: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    absent: str | None = None  # why the parameter rows are left out (DeepSpeed's structures differ)
+
+
+def share(p: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+    """``(the tensor this rank holds for p, p's unsharded bytes or None if p is whole here)``, by
+    the framework rules: a DTensor's local shard, a ZeRO-3 parameter's partition, else ``p``."""
+    return dtensor.sharded(p) or deepspeed.partition(p) or (p, None)
 
 
 def count_params(plan: Plan) -> ParamCount:
-    """Parameter bytes per row (each tensor's own bytes, once), and their unsharded size if sharded.
+    """Parameter bytes per row (each held tensor's own bytes, once), and their unsharded size if sharded.
 
     A tensor that cannot be read is skipped and counted in ``failed``: ``track()`` must never raise.
+    A ZeRO-3 parameter without DeepSpeed's marks as expected leaves the rows out (``absent``).
     """
-    out, full = [0] * len(plan.paths), [0] * len(plan.paths)
+    n = len(plan.paths)
+    out, full = [0] * n, [0] * n
+    devices: dict[str, list[int]] = {}
     seen, exclude = {0}, {0}
-    sharded, failed, cuda = False, 0, None
+    sharded, zero3, failed, cuda, absent = False, False, 0, None, None
     params = plan.tensors(plan.params)
     for p, row in params:
         try:
-            key, nbytes = owned(p)
+            held, whole = share(p)
+            key, nbytes = owned(held)
             exclude.add(storage(p)[0])
-            is_dtensor = local(p) is not p
-            sharded = sharded or is_dtensor
+            sharded = sharded or whole is not None
+            zero3 = zero3 or (held is not p and hasattr(p, "ds_id"))
             if key not in seen:
                 seen.add(key)
                 out[row] += nbytes
-                full[row] += p.numel() * p.element_size() if is_dtensor else nbytes
+                full[row] += nbytes if whole is None else whole
+                devices.setdefault(str(held.device), [0] * n)[row] += nbytes
             if cuda is None and p.device.type == "cuda":
                 cuda = p.device.index or 0
+        except deepspeed.Unsupported as exc:
+            absent = deepspeed.absent(str(exc))
         except Exception:
             failed += 1
     for b, _ in plan.tensors(plan.buffers):
@@ -111,6 +88,8 @@ def count_params(plan: Plan) -> ParamCount:
         frozenset(id(p) for p, _ in params),
         cuda,
         failed,
+        tuple((d, tuple(v)) for d, v in sorted(devices.items())) if zero3 else None,
+        absent,
     )
 
 

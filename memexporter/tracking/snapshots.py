@@ -25,9 +25,11 @@ FAMILIES = (
     "memexporter_module_gradient_bytes",
     "memexporter_module_optimizer_state_bytes",
     "memexporter_module_activation_bytes",
-    # Only for models with sharded (DTensor) parameters: the unsharded size of the same parameters.
+    # Only for models with sharded (DTensor, ZeRO-3) parameters: the unsharded size of the same parameters.
     "memexporter_module_parameter_unsharded_bytes",
 )
+DEVICE_BYTES = "memexporter_module_device_bytes"
+"""Only for DeepSpeed ZeRO models: each family's row split by the device that holds it (``placement``)."""
 
 Row = tuple[str, tuple[int, ...]]
 
@@ -54,7 +56,10 @@ class Snapshot:
     ``parameter``: at track time and whenever the parameters' storage changed (``.to()``);
     ``gradient``/``optimizer_state``: at the last optimizer step; ``activation``: during the last
     grad-enabled forward (at most one a second); ``unsharded``: the global bytes of the parameters,
-    ``None`` unless some parameter is a DTensor (FSDP2, tensor parallel).
+    ``None`` unless some parameter is sharded (a DTensor: FSDP2, tensor parallel; a ZeRO-3 partition).
+    ``placement``: for DeepSpeed ZeRO models, ``(family, device, bytes per row)``: where each
+    family's bytes live (CPU offload puts them on the host). ``absent``: ``(family, reason)`` for
+    the families left out because a framework's structures were not as expected.
     """
 
     layout: Layout
@@ -64,6 +69,8 @@ class Snapshot:
     optimizer_state: tuple[int, ...]
     activation: tuple[int, ...]
     unsharded: tuple[int, ...] | None = None
+    placement: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    absent: tuple[tuple[str, str], ...] = ()
 
 
 class SnapshotSource(Protocol):
@@ -79,7 +86,8 @@ def fold(snap: Snapshot) -> list[Row]:
     until the cap holds. Ties fold the later module first, so the result is deterministic. Rows
     that end with zero bytes in every family are left out, except the root, which is always
     there (so the four families exist as soon as a model is tracked). A row's values are the four
-    families, then ``unsharded`` when the snapshot has it (folded alike, not used for the choice).
+    families, then ``unsharded`` when the snapshot has it, then one per ``placement`` entry (folded
+    alike, not used for the choice).
     """
     names, parents = snap.layout.names, snap.layout.parents
     n = len(names)
@@ -87,6 +95,7 @@ def fold(snap: Snapshot) -> list[Row]:
     total = [cols[0][i] + cols[1][i] + cols[2][i] + cols[3][i] for i in range(n)]
     if snap.unsharded is not None:
         cols.append(list(snap.unsharded))
+    cols.extend(list(values) for _, _, values in snap.placement)
     children = [0] * n
     for i in range(1, n):
         children[parents[i]] += 1

@@ -76,6 +76,13 @@ def test_device_memory_calls_stay_in_their_backend(pattern: str, owner: str | No
     assert users == ({owner} if owner else set())
 
 
+def test_no_module_imports_deepspeed() -> None:
+    """DeepSpeed's storage rules read the marks it puts on tensors and optimizers
+    (tracking/storage/deepspeed.py, zero.py): importing memexporter never imports DeepSpeed."""
+    users = {str(p.relative_to(PACKAGE)) for p in modules() if any(m.split(".")[0] == "deepspeed" for m in imports(p))}
+    assert not users
+
+
 def test_backend_protocols_live_in_a_leaf_module() -> None:
     assert not {m for m in imports(PACKAGE / "backends" / "base.py", runtime_only=True) if m.startswith("memexporter")}
 
