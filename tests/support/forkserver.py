@@ -10,10 +10,10 @@ memexporter freshly imported.
 ``popen`` and ``run`` stand in for ``subprocess.Popen`` and ``subprocess.run`` on such commands.
 What the fork would change is run as a real subprocess instead, by ``eligible``:
 
-- a command that is not ``python -m memexporter`` or ``python -m tests.support.*`` (other modules,
-  other interpreters), nor, when the caller asks with ``scripts=True``, ``python -c CODE`` or
-  ``python script.py``: a test's own training job forks only where the test reads nothing of a
-  fresh process;
+- a command that is not ``python -m memexporter`` (other modules, other interpreters), nor, when the
+  caller asks with ``scripts=True``, the test's own code: ``python -m tests.support.*``, ``python -c
+  CODE`` or ``python script.py`` fork only where the test reads nothing of a fresh process (the healthy
+  demo's runs read the RSS of fresh processes, for one);
 - an environment whose interpreter or loader settings differ from the server's (``PYTHON*`` but
   the buffering and the path, ``PYTHONPATH`` beyond the checkout, ``LD_*``, ``TORCH*``, ``MALLOC*``):
   they act when the interpreter or torch starts (``CUDA_*`` act when CUDA starts, which the zygote
@@ -52,10 +52,14 @@ def eligible(argv: Sequence[str], env: Mapping[str, str] | None, scripts: bool =
     """Whether ``argv`` (with ``env``, None: this process's) can be forked (the module docstring)."""
     if os.environ.get("MEMEXPORTER_TEST_FORK", "1") == "0" or argv[:1] != [sys.executable] or len(argv) < 2:
         return False
-    if argv[1] == "-m":
-        if len(argv) < 3 or not (argv[2] == "memexporter" or argv[2].startswith("tests.support.")):
+    if argv[1] == "-m" and len(argv) >= 3 and argv[2] == "memexporter":
+        pass
+    elif not scripts:
+        return False
+    elif argv[1] == "-m":
+        if len(argv) < 3 or not argv[2].startswith("tests.support."):
             return False
-    elif not scripts or (argv[1].startswith("-") and argv[1] != "-c"):
+    elif argv[1].startswith("-") and argv[1] != "-c":
         return False
     env = os.environ if env is None else env
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -117,17 +121,19 @@ Process = Forked | subprocess.Popen[bytes]
 
 
 class _Server:
-    """This worker's zygote: started on first use, asked one request at a time."""
+    """This worker's zygote: started on first use (again if it died), asked one request at a time. It
+    is no child of the worker (it leaves its launcher at once): a test that lists or kills the
+    worker's children never meets it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._owner = -1
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None  # the server's, once started
 
     def _start(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen(
+        launcher = subprocess.Popen(
             [sys.executable, "-m", "tests.support.zygote", str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             cwd=REPO_ROOT,
@@ -136,20 +142,34 @@ class _Server:
             start_new_session=True,
         )
         theirs.close()
+        launcher.wait(60)  # it forks the server and exits
         ours.settimeout(120)  # the imports, on a loaded machine
-        if json.loads(ours.recv(1024) or b"{}").get("ready") is not True:
-            raise RuntimeError(f"the fork server exited with {self.proc.wait()}")
+        hello = json.loads(ours.recv(1024) or b"{}")
+        if hello.get("ready") is not True:
+            raise RuntimeError("the fork server exited before it was ready")
+        self.pid = int(hello["pid"])
         ours.settimeout(30)
         self._sock, self._owner = ours, os.getpid()
         return ours
 
+    def _ask(self, request: bytes, fds: list[int]) -> int:
+        sock = self._sock if self._sock is not None and self._owner == os.getpid() else self._start()
+        socket.send_fds(sock, [request], fds)
+        answer = sock.recv(1024)
+        if not answer:
+            raise ConnectionResetError("the fork server closed its socket")
+        return int(json.loads(answer)["pid"])
+
     def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, fds: list[int], new_session: bool) -> int:
         request = json.dumps({"argv": list(argv[1:]), "env": dict(env), "cwd": cwd, "new_session": new_session})
         with self._lock:
-            sock = self._sock if self._sock is not None and self._owner == os.getpid() else self._start()
-            socket.send_fds(sock, [request.encode()], fds)
-            answer = json.loads(sock.recv(1024))
-        return int(answer["pid"])
+            try:
+                return self._ask(request.encode(), fds)
+            except OSError:  # the server died (killed with a process group, say): a new one, once
+                if self._sock is not None:
+                    self._sock.close()
+                self._sock = None
+                return self._ask(request.encode(), fds)
 
 
 _server = _Server()

@@ -65,7 +65,9 @@ def generate(world: int, rank: int, run_id: str, source: Path | None = None, tim
         "--run-id",
         run_id,
     ]
-    done = forkserver.run(argv, env=env, cwd=source or REPO_ROOT, timeout=timeout)  # another source: fresh
+    done = forkserver.run(
+        argv, env=env, cwd=source or REPO_ROOT, timeout=timeout, scripts=True
+    )  # another source: fresh
     if done.returncode != 0:
         raise RuntimeError(f"rank_exposition failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout)  # type: ignore[no-any-return]

@@ -19,7 +19,9 @@ them), the default signal handlers, OpenMP's thread count from the environment. 
 module, the ``-c`` code or the script as ``__main__`` and leaves through the interpreter's own exit: ``atexit`` handlers, non-daemon
 threads joined, streams flushed, as a fresh process would.
 
-When the socket closes (the worker is gone), the server exits; children still running are left to
+The process the worker starts forks the server and exits, so the server is no child of the worker (a
+test that lists or kills the worker's children never meets it). When the socket closes (the worker
+is gone), the server exits; children still running are left to
 the tests that started them (each test stops its own).
 """
 
@@ -155,7 +157,7 @@ def serve(sock: socket.socket) -> tuple[Command, list[int]] | None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes to the wakeup fd
     status_pipes: dict[int, int] = {}
-    sock.sendall(b'{"ready": true}')
+    sock.sendall(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     while True:
         ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
         if wake_r in ready:
@@ -191,6 +193,8 @@ def serve(sock: socket.socket) -> tuple[Command, list[int]] | None:
 def main() -> None:
     """Preload, serve, and in a child, run the command."""
     sock = socket.socket(fileno=int(sys.argv[1]))
+    if os.fork() > 0:  # the launcher: the worker reaps it, and the server is no child of the worker
+        os._exit(0)
     base_path = _base_path()
     for name in PRELOADED:
         __import__(name)

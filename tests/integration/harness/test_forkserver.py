@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, forkserver
 from tests.support.demo import SMALL_MODEL, module_env, running_demo
 from tests.support.forkserver import Forked, eligible, popen, run
 from tests.support.ports import free_port
@@ -94,7 +94,9 @@ def test_the_forked_demo_serves_its_metrics() -> None:
     ("argv", "env", "scripts", "forks"),
     [
         ([*MX, "demo"], {}, False, True),
-        ([sys.executable, "-m", "tests.support.rank_exposition"], {}, False, True),
+        ([sys.executable, "-m", "tests.support.rank_exposition"], {}, False, False),
+        ([sys.executable, "-m", "tests.support.rank_exposition"], {}, True, True),
+        ([sys.executable, "-m", "torch.utils.collect_env"], {}, True, False),
         ([sys.executable, "-m", "torch.distributed.run", "-m", "memexporter"], {}, False, False),
         ([sys.executable, "-c", "import torch"], {}, False, False),
         ([sys.executable, "-c", "import torch"], {}, True, True),
@@ -110,6 +112,8 @@ def test_the_forked_demo_serves_its_metrics() -> None:
     ids=[
         "demo",
         "support-module",
+        "support-module-asked",
+        "other-module",
         "torchrun",
         "code",
         "code-asked",
@@ -143,3 +147,13 @@ def test_fresh_and_the_switch_run_a_real_interpreter(monkeypatch: pytest.MonkeyP
     assert isinstance(real, subprocess.Popen) and real.wait(60) == 0
     monkeypatch.setenv("MEMEXPORTER_TEST_FORK", "0")
     assert not eligible(argv, module_env())
+
+
+def test_the_zygote_is_no_child_of_the_worker_and_a_killed_one_is_replaced() -> None:
+    argv = [*MX, "rules", "--help"]
+    assert run(argv, env=module_env(), timeout=60).returncode == 0
+    first = forkserver._server.pid
+    assert first is not None and first not in [p.pid for p in psutil.Process().children(recursive=True)]
+    os.kill(first, signal.SIGKILL)
+    assert run(argv, env=module_env(), timeout=60).returncode == 0  # a new server answers
+    assert forkserver._server.pid not in (None, first)
