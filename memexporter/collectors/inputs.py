@@ -60,6 +60,8 @@ class InputsCollector:
         rows: dict[str, list[tuple[tuple[str, ...], float]]] = {
             "memexporter_step_input_elements": [((rank,), float(snap.last_elements))] if seen else [],
             "memexporter_step_input_elements_max": [((rank,), float(snap.largest_elements))] if seen else [],
+            "memexporter_step_input_max_length": [((rank,), float(snap.largest_length))] if seen else [],
+            "memexporter_step_input_max_batch": [((rank,), float(snap.largest_batch))] if seen else [],
             "memexporter_input_capacity_elements": [],
             "memexporter_input_bytes_per_element": [],
             "memexporter_input_declared_max_elements": [] if declared is None else [((rank,), float(declared))],

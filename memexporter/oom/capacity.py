@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from memexporter.oom.peakfit import Fit, fit
 from memexporter.units import MiB
 
-__all__ = ["NEAR", "Capacity", "CapacityGates", "InputPoints", "InputSnapshot", "capacity", "devices"]
+__all__ = ["NEAR", "Capacity", "CapacityGates", "InputPoints", "InputSnapshot", "capacity", "devices", "in_words"]
 
 NEAR = 0.10
 """The largest input seen within 10 % of the capacity is a warning: the next longer batch may not fit."""
@@ -97,20 +97,22 @@ class Capacity:
         """The largest input seen is within ``NEAR`` of the capacity (or beyond it)."""
         return self.largest >= (1 - NEAR) * self.elements
 
-    @property
-    def length_that_fits(self) -> int:
-        """The length at the largest input's batch whose input fits (the job's mix: elements / length kept)."""
-        return int(self.elements * self.length / self.largest) if self.largest and self.length else 0
-
     def describe(self) -> str:
-        """One line for the live page, ``top``, ``inspect`` and the log."""
-        shape = f" ({self.length_that_fits:,} long at batch {self.batch})" if self.length_that_fits else ""
-        text = f"the largest input that fits: {int(self.elements):,} elements{shape}; seen {self.largest:,}"
-        if self.declared is not None:
-            text += f"; declared {self.declared:,}: " + ("fits" if self.declared_fits else "will not fit")
-        elif self.near:
-            text += f": within {NEAR:.0%} of it"
-        return text
+        """One line for the live page, ``top``, ``inspect`` and the log (``in_words``)."""
+        return in_words(self.elements, self.largest, self.length, self.batch, self.declared)
+
+
+def in_words(capacity: float, largest: float, length: float, batch: float, declared: float | None) -> str:
+    """``the largest input that fits: 2,668 elements (667 long at batch 4); seen 1,280; declared 4,096: will
+    not fit``: the capacity (elements), with the length that fits at the largest input's batch (the job's
+    mix kept: elements per unit of length), the largest seen and the declared maximum (None: not set).
+    Shared by the surfaces that read the series (the live page, ``top``, ``inspect``)."""
+    fits = int(capacity * length / largest) if largest and length else 0
+    shape = f" ({fits:,} long at batch {int(batch):,})" if fits and batch else f" ({fits:,} long)" if fits else ""
+    text = f"the largest input that fits: {int(capacity):,} elements{shape}; seen {int(largest):,}"
+    if declared is not None:
+        return text + f"; declared {int(declared):,}: " + ("fits" if declared <= capacity else "will not fit")
+    return text + (f": within {NEAR:.0%} of it" if largest >= (1 - NEAR) * capacity else "")
 
 
 def _solve(a: float, b: float, c: float) -> float:
