@@ -107,3 +107,30 @@ def test_the_gates_say_what_a_fit_needs() -> None:
     assert capacity("cuda:0", *_points(sound, GiB), (1, 0.0, 0.0), 2 * GiB, None, gates) is not None
     for few in (sound[:7], [100.0, 150.0] * 4, [100.0, 110.0, 140.0] * 3):  # 7 points; 2 sizes; spread 1.4
         assert capacity("cuda:0", *_points(few, GiB), (1, 0.0, 0.0), 2 * GiB, None, gates) is None
+
+
+@pytest.mark.slow(seconds=4)
+def test_a_variable_length_trace_in_the_gpu_recorders_format_replays_to_its_capacity() -> None:
+    # tests/cuda/record_lengths.py's columns, synthesised on the H200's recorded native answers: 4 GiB of
+    # weights and state, a step peak of 256 MiB + 48 KiB an element + 64 B x elements x length at batch 4,
+    # lengths 64-512 at 30 steps/s for a minute; the truth: 5 x the largest input seen.
+    import dataclasses as dc
+
+    from tests.support.replay import load_trace, replay
+
+    base = load_trace("trace-native-8mib")
+    first, level, rng, peak = base.rows[0], 4 * GiB, random.Random(0), 0.0
+    rows = []
+    for i in range(1800):
+        length = 512 if i == 100 else rng.randint(64, 512)
+        top = level + square_in_length(4 * length, length)
+        peak = max(peak, top)
+        row = {**first, "t": i / 30, "step": i, "allocated_bytes.all.current": level, "allocated_bytes.all.peak": peak}
+        rows.append(
+            {**row, "input_elements": 4 * length, "input_length": length, "input_batch": 4, "forward_allocated": top}
+        )
+    limit = level + square_in_length(5 * 2048, 5 * 2048 / 4)
+    trace = dc.replace(base, name="trace-lengths-synthetic", rows=rows, limit=int(limit), leak_mib=0)
+    with pytest.MonkeyPatch.context() as mp:
+        got = replay(trace, mp, scrape_every=10.0).moments[-1].capacity
+    assert got == pytest.approx(5 * 2048, rel=0.10)
