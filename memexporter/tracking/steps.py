@@ -17,6 +17,10 @@ phases (forward, backward, optimizer) read only on a *detailed* step, one in ``D
 most one per ``DETAIL_INTERVAL_S``, as the tracked model's forward recording does. The step peak
 stays exact wherever the high-water mark rose; in between, the samples of a detailed step bound it
 from below.
+
+The step's input (``inputs.py``, ``self.inputs``): each boundary closes the input the step was given
+and, for each device whose step peak was measured (exact, or a detailed step's highest sample), keeps
+the pair for the capacity's fit (``oom/capacity.py``), in bounded bins.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import memexporter
-from memexporter.tracking import inputs
+from memexporter.tracking import errors, inputs
 from memexporter.tracking.inputs import BIN_POINTS, MAX_BINS, InputLog, measure
 from memexporter.tracking.modules import track
 from tests.support.fakes import MiB
@@ -106,3 +106,14 @@ def test_a_sample_counts_only_above_the_steps_ends() -> None:
     log.measured("cpu", (300, 30), 3, ends=500 * MiB, top=500 * MiB, exact=True)
     points = log.snapshot().devices["cpu"]
     assert (points.elements, points.exact) == ((200.0, 300.0), (0, 1))
+
+
+def test_a_measurement_that_fails_is_counted_and_never_raised(log: InputLog) -> None:
+    class Odd(torch.Tensor):
+        def numel(self) -> int:
+            raise RuntimeError("a tensor subclass that cannot count")
+
+    before = errors.hook_errors()
+    inputs.note_call((torch.zeros(2, 3).as_subclass(Odd),), None)  # the hook's call: nothing raised
+    memexporter.step_input({"x": torch.zeros(2, 3).as_subclass(Odd)})
+    assert errors.hook_errors() == before + 2 and log.elements == 0
