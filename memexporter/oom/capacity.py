@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memexporter.oom.peakfit import Fit, fit
+from memexporter.oom.peakfit import Fit, fit_cached
 from memexporter.units import MiB
 
 __all__ = ["NEAR", "Capacity", "CapacityGates", "InputPoints", "InputSnapshot", "capacity", "devices", "in_words"]
@@ -141,8 +141,8 @@ def capacity(
     if max(es) < gates.min_spread * min(es):
         return None
     step, leak, stranded = now
-    peaks = [p + max(leak, 0.0) * (step - s) for p, s in zip(points.peaks, points.steps, strict=True)]
-    got = fit(es, points.lengths, peaks)
+    peaks = tuple(p + max(leak, 0.0) * (step - s) for p, s in zip(points.peaks, points.steps, strict=True))
+    got = fit_cached(es, points.lengths, peaks)
     if got is None or (got.linear <= 0 and got.quadratic <= 0):
         return None
     lo, hi = min(range(len(es)), key=es.__getitem__), max(range(len(es)), key=es.__getitem__)
