@@ -91,9 +91,11 @@ def run_standin(
     seed: int = 0,
     spike_every: int = 0,
     noise: float = 0.0,
+    each_second: Callable[[Standin], None] | None = None,
 ) -> Standin:
     """``seconds`` of steps at ``rate`` a second; ``shapes(rng) -> (batch, length)``; a spike (an odd step,
-    twice the law's excursion) every ``spike_every`` steps; ``noise``: a Gaussian sigma (bytes) on each peak."""
+    twice the law's excursion) every ``spike_every`` steps; ``noise``: a Gaussian sigma (bytes) on each peak;
+    ``each_second(standin)`` after each simulated second's steps (a judge's pace)."""
     cuda, _ = one_gpu(**{"allocated_bytes.all.current": LEVEL, "allocated_bytes.all.peak": LEVEL})
     cuda.fraction = limit / cuda.total
     clock = [0.0]
@@ -120,4 +122,6 @@ def run_standin(
         _set(cuda, LEVEL)
         clock[0] += 1 / rate
         tracker.step()
+        if each_second is not None and (n + 1) % int(rate) == 0:
+            each_second(out)
     return out

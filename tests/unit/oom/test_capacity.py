@@ -70,7 +70,14 @@ def test_without_spread_in_the_inputs_there_is_no_capacity_and_no_warning(shapes
 @pytest.mark.slow(seconds=3)
 def test_a_declared_maximum_beyond_the_capacity_fires_within_seconds_and_one_within_never() -> None:
     limit = limit_for(square_in_length, 5 * 2048, 4.0)  # the truth: 10 240 elements
-    s = run_standin(square_in_length, by_length, limit, seconds=15.0, noise=NOISE)  # 150 steps
+    over: list[int] = []  # the seconds at which the judge sees a risk in a declared 8 000: none, ever
+
+    def judged(s: Standin) -> None:
+        if judge(s.sources(max_input_elements=8_000), Thresholds()) is not None:
+            over.append(int(s.clock[0]))
+
+    s = run_standin(square_in_length, by_length, limit, seconds=15.0, noise=NOISE, each_second=judged)  # 150 steps
+    assert over == []
     assert max(s.steps_peak_fullness()) < 0.4  # long before any step nears the limit
     risk = judge(s.sources(max_input_elements=16_000), Thresholds())
     assert risk is not None and risk.reason == "input" and risk.device == "cuda:0"
