@@ -127,6 +127,12 @@ class InputLog:
             got.append((size[0], size[1], peak, step, int(exact)))
             bins[key] = got
 
+    def forget(self, device: str) -> None:
+        """Drop ``device``'s points: its trend restarted at a new level, and the peaks measured before it
+        would read as an input that no longer fits (the step tracker calls it)."""
+        with self._lock:
+            self._bins.pop(device, None)
+
     def snapshot(self) -> InputSnapshot:
         with self._lock:
             devices = {}

@@ -209,8 +209,10 @@ class StepTracker:
                         rose = high_water > dev.high_water
                         top = high_water if rose else dev.step_max if sampled else 0
                         self.inputs.measured(name, size, self.steps, max(dev.last_used, used), top, rose)
-                    peak = _step_peak(dev, used, high_water)
+                    peak, restarts = _step_peak(dev, used, high_water), dev.window.restarts
                     dev.window.add(self.steps, now, float(used), float(peak), float(committed))
+                    if dev.window.restarts != restarts:  # a new level (memory freed): old peaks no longer hold
+                        self.inputs.forget(name)
                     dev.high_water, dev.last_used, dev.step_max, dev.last_peak = high_water, used, used, peak
                 steps = self.steps
                 self.detailed, self._sampled = self.detail.next(now), False

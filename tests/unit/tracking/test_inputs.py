@@ -117,3 +117,23 @@ def test_a_measurement_that_fails_is_counted_and_never_raised(log: InputLog) -> 
     inputs.note_call((torch.zeros(2, 3).as_subclass(Odd),), None)  # the hook's call: nothing raised
     memexporter.step_input({"x": torch.zeros(2, 3).as_subclass(Odd)})
     assert errors.hook_errors() == before + 2 and log.elements == 0
+
+
+def test_a_restart_at_a_lower_level_forgets_the_devices_points() -> None:
+    # A model reloaded (memory freed: the trend restarts at a new level): the peaks measured before it
+    # would put the capacity too low, and warn of an input that now fits.
+    from memexporter.tracking.steps import StepTracker
+    from tests.support.fakes import FakeHost, GiB, one_gpu
+
+    cuda, _ = one_gpu()
+    tracker = StepTracker(cuda, FakeHost(), 64, 0, host_peak=lambda: 0)  # type: ignore[arg-type]
+    tracker.inputs = InputLog(skip_steps=0)
+    for level, steps in ((6 * GiB, 5), (2 * GiB, 1)):
+        for _ in range(steps):
+            peak = cuda.stats[0]["allocated_bytes.all.peak"] + MiB * 64  # each step a new high-water mark
+            cuda.stats[0] = {**cuda.stats[0], "allocated_bytes.all.current": level, "allocated_bytes.all.peak": peak}
+            tracker.inputs.note(1000, 100, 10)
+            tracker.step()
+        if level == 6 * GiB:
+            assert len(tracker.inputs.snapshot().devices["cuda:0"].elements) == 4  # the first has no mark to compare
+    assert "cuda:0" not in tracker.inputs.snapshot().devices
