@@ -16,9 +16,20 @@ from typing import TYPE_CHECKING, Any
 from memexporter._version import __version__
 
 if TYPE_CHECKING:
-    from memexporter.api import Exporter, Phase, on_oom_risk, phase, start, step, stop, track
+    from memexporter.api import Exporter, Phase, on_oom_risk, phase, start, step, step_input, stop, track
 
-__all__ = ["Exporter", "Phase", "__version__", "on_oom_risk", "phase", "start", "step", "stop", "track"]
+__all__ = [
+    "Exporter",
+    "Phase",
+    "__version__",
+    "on_oom_risk",
+    "phase",
+    "start",
+    "step",
+    "step_input",
+    "stop",
+    "track",
+]
 
 
 def __getattr__(name: str) -> Any:

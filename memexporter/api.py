@@ -14,7 +14,7 @@ from memexporter.exporter import Exporter
 from memexporter.tracking import boundaries as _boundaries
 from memexporter.tracking import phases as _phases
 
-__all__ = ["Exporter", "Phase", "on_oom_risk", "phase", "start", "step", "stop", "track"]
+__all__ = ["Exporter", "Phase", "on_oom_risk", "phase", "start", "step", "step_input", "stop", "track"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,6 +33,7 @@ def start(
     memory_limit_bytes: int | str | None = None,
     leak_window: int | None = None,
     warmup_steps: int | None = None,
+    max_input_elements: int | None = None,
     auto_step: bool | None = None,
     module_depth: int | None = None,
     max_modules: int | None = None,
@@ -98,6 +99,33 @@ def step(count: int | None = None) -> None:
     (it never goes back). Cheap; never raises.
     """
     _boundaries.step(count)
+
+
+def step_input(batch: Any = None, *, elements: int | None = None, length: int | None = None) -> None:
+    """Report what this training step was given, for a loop whose model is not tracked.
+
+    A tracked model measures its own input (its outermost training forward's tensors); call this when
+    none is tracked, or when the model is fed something else than tensors. Either ``batch``: a tensor,
+    or a tuple, list or dict of them (one level deep, as ``model(**batch)`` takes them), measured from
+    shapes only; or ``elements`` (and ``length``, the sequence length) as numbers. A step's input is
+    the largest reported in it. From these and the step peaks the exporter learns the largest input
+    that fits (``memexporter_input_capacity_elements``). Cheap (shapes only, no device sync); a no-op
+    while no exporter runs. Raises ``TypeError``/``ValueError`` for bad numbers only.
+    """
+    for name, value in (("elements", elements), ("length", length)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"memexporter.step_input: {name} must be an int, got {value!r}")
+        if value is not None and value < 0:
+            raise ValueError(f"memexporter.step_input: {name} must be >= 0, got {value!r}")
+    from memexporter.tracking import inputs
+
+    log = inputs.active()
+    if log is None:
+        return
+    if elements is not None:
+        log.note(elements, length or 0, 0)
+    elif batch is not None:
+        inputs.note_call((batch,), None)
 
 
 class Phase:

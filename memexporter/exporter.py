@@ -26,7 +26,7 @@ from memexporter.serving.conn import ConnectionStats
 from memexporter.serving.job.binding import PortAdvice, check, port_for_rank
 from memexporter.serving.job.link import Link
 from memexporter.serving.job.starting import start_helper
-from memexporter.tracking import boundaries, phases, steps
+from memexporter.tracking import boundaries, inputs, phases, steps
 
 if TYPE_CHECKING:
     from memexporter.diagnose.wiring import Diagnostics
@@ -108,6 +108,7 @@ class Exporter:
                 _running = None
                 boundaries.activate(None, auto_step=False)
                 phases.activate(None)
+                inputs.activate(None)
 
     def __enter__(self) -> Exporter:
         return self
@@ -221,6 +222,7 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
         raise
     boundaries.activate(tracker, auto_step=config.auto_step)
     phases.activate(phase_tracker)
+    inputs.activate(tracker.inputs)
     watch_oom_risk(exporter)
     if config.auto_track:
         _auto_track(exporter)
@@ -290,6 +292,7 @@ def _after_fork_in_child() -> None:
         r._link.close_in_child()
     boundaries.activate(None, auto_step=False)
     phases.activate(None)
+    inputs.activate(None)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

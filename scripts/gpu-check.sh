@@ -7,6 +7,8 @@
 #   3. the trace replay (tests/support/replay.py) of the committed H200 traces
 #   4. new per-step traces through a real OOM under each allocator (native, expandable segments,
 #      cudaMallocAsync), with the exporter watching, and their replay
+#   4b. a variable-length job (the demo's GPT) through a real OOM on its longest batch: the input capacity
+#      the exporter predicted before the long batches, against the lengths that ran and died, and its trace
 #   5. the launch-bound benchmark's GPU twin (benchmarks/bench_launch.py --device cuda), where it exists
 #   6. the overhead and scrape benchmarks (--device cuda)
 # then writes one summary (build/gpu-check/summary.txt) and one tarball of its logs, fixtures and
@@ -63,6 +65,7 @@ step "fixture tests" fixture-tests.log 40 "$PY" -m pytest -q -rs -p no:cacheprov
 step "trace replay" replay.log 40 "$PY" -m tests.support.replay
 step "record traces" traces.log 120 "$PY" -m tests.cuda.record_traces --out "$LOGS/traces"
 step "replay new traces" replay-new.log 30 "$PY" -m tests.support.replay "$LOGS/traces"
+step "variable-length OOM" lengths.log 180 "$PY" -m tests.cuda.record_lengths --out "$LOGS/traces"
 if grep -q -- '--device' benchmarks/bench_launch.py 2>/dev/null; then
   step "launch-bound benchmark" bench-launch.log 90 "$PY" benchmarks/bench_launch.py --device cuda --rounds 10 --block 0.5 --part start
 fi
@@ -89,6 +92,7 @@ summary="$LOGS/summary.txt"
   echo "Replay of the committed H200 traces:"; grep -E '^\[replay\]' "$LOGS/replay.log" | sed 's/^/  /'
   echo "New traces through a real OOM, the exporter watching:"; grep -E '^\[traces\]' "$LOGS/traces.log" | sed 's/^/  /'
   echo "Their replay:"; grep -E '^\[replay\]' "$LOGS/replay-new.log" | sed 's/^/  /'
+  echo "A variable-length job through an OOM on its longest batch:"; grep -E '^\[lengths\]' "$LOGS/lengths.log" | sed 's/^/  /'
   [[ -f "$LOGS/bench-launch.log" ]] && { echo "Launch-bound benchmark on the GPU:"; grep -E 'ratio|median' "$LOGS/bench-launch.log" | sed 's/^/  /'; }
   echo "Step time with memexporter / without (bench_overhead.py --device cuda):"
   grep -E 'ratio|torch ' "$LOGS/bench-overhead.log" | sed 's/^/  /'

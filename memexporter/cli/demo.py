@@ -2,8 +2,9 @@
 
 It trains on random tokens (nothing to download), on CPU or GPU, and can leak on request
 (``--leak-mib-per-step``), stop with a simulated OOM at a budget (``--memory-limit-mib``), hold
-extra memory on one rank (``--rank-extra-mib``) and run evaluation forwards (``--eval-every``),
-so every metric, alert and dashboard has something real to show.
+extra memory on one rank (``--rank-extra-mib``), run evaluation forwards (``--eval-every``) and train
+on variable lengths (``--seq-len-min``: each step's length drawn between it and ``--seq-len``, declared
+with ``--max-input-elements``), so every metric, alert and dashboard has something real to show.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import sys
 import time
 
@@ -84,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.seq_len_min > args.seq_len:
+        print(
+            f"memexporter demo: --seq-len-min ({args.seq_len_min}) must be at most --seq-len ({args.seq_len})",
+            file=sys.stderr,
+        )
+        return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("memexporter demo: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
         return 2
@@ -106,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         addr=args.addr,
         memory_limit_bytes=limit,
         warmup_steps=args.warmup_steps,
+        max_input_elements=args.max_input_elements,
         port_hint="--port or MEMEXPORTER_PORT",
     )
     if not args.no_track:
@@ -126,10 +135,12 @@ def run(args: argparse.Namespace) -> int:
         kept.append(torch.ones(extra // 4, dtype=torch.float32, device=device))
     loss_fn = nn.CrossEntropyLoss()
     step, last_print = 0, 0.0
+    lengths = random.Random(0)  # variable lengths: the same sequence of them in every run
     try:
         while args.steps == 0 or step < args.steps:
             started = time.monotonic()
-            tokens = torch.randint(0, 512, (args.batch_size, args.seq_len + 1), device=device)
+            length = lengths.randint(args.seq_len_min, args.seq_len) if args.seq_len_min else args.seq_len
+            tokens = torch.randint(0, 512, (args.batch_size, length + 1), device=device)
             loss = loss_fn(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -212,6 +223,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # The sizes a `memexporter sweep` varies: memory grows with each.
     p.add_argument("--batch-size", "--batch", type=integer(1), default=8, help="sequences per step (default 8)")
     p.add_argument("--seq-len", type=integer(1), default=64, help="tokens per sequence (default 64)")
+    p.add_argument(
+        "--seq-len-min",
+        type=integer(1),
+        default=0,
+        metavar="N",
+        help="train on variable lengths: each step's length drawn uniformly from N to --seq-len (0: fixed)",
+    )
+    p.add_argument(
+        "--max-input-elements",
+        type=integer(1),
+        default=None,
+        metavar="N",
+        help="declare the largest step input the data can bring, in elements (max_input_elements)",
+    )
     p.add_argument("--layers", type=integer(1), default=4, help="transformer blocks (default 4)")
     p.add_argument(
         "--d-model",

@@ -46,6 +46,7 @@ def render(doc: dict[str, Any], top: int, dump: str | None = None) -> str:
         if doc.get("reason"):
             lines.append(f"why: {doc['reason']}")
     lines += [f"advice: {a['text']}" for a in doc.get("advice", [])]
+    lines += [f"input: {device}: {c['text']}" for device, c in ((doc.get("input") or {}).get("capacity") or {}).items()]
     ago = "before the dump" if dump is not None else "ago"
     if census is None:
         lines.append(

@@ -3,8 +3,8 @@
 Each rank's ``/live.json`` (the live page's data: the same figures as ``/metrics``) is read every
 ``--interval`` seconds, all ranks at once, each with a deadline: a rank that does not answer is a
 row that says so, and comes back when it answers again. One row per rank and device, worst first
-(soonest OOM, then the highest share of the limit), and below it the module rows of the selected
-rank (up/down or j/k to select; q or Ctrl-C to quit). Given no URL it reads the local ranks: the
+(soonest OOM, then the highest share of the limit), below it the largest input that fits of each
+rank and device that has one (a line each), and the module rows of the selected rank (up/down or j/k to select; q or Ctrl-C to quit). Given no URL it reads the local ranks: the
 base port (``MEMEXPORTER_PORT``, else 9400) and the next ``LOCAL_WORLD_SIZE - 1`` ports (8 ranks
 when that is unset). Needs ``rich`` (``pip install memexporter[top]``).
 """
@@ -127,6 +127,18 @@ def rows(board: Board) -> list[tuple[tuple[float, float], list[str], int]]:
     return sorted(out, key=lambda r: r[0])
 
 
+def input_lines(board: Board) -> list[tuple[str, bool]]:
+    """``(line, warns)`` per rank and device whose largest input that fits is known (``/live.json``'s ``input``)."""
+    with board.lock:
+        docs = [r.doc for r in board.ranks if r.doc is not None and not r.error]
+    return [
+        (f"rank {doc['rank']} {dev['device']}: {dev['input']}", bool(dev.get("input_warn")))
+        for doc in docs
+        for dev in doc["devices"]
+        if dev.get("input")
+    ]
+
+
 def render(board: Board) -> Any:
     """One frame for rich: the rank table (the selected row reversed) and, below it, the first ten module
     rows of the selected rank as ``/live.json`` lists them."""
@@ -145,6 +157,7 @@ def render(board: Board) -> Any:
             table.add_row(*(Text(c) for c in cells), style="reverse" if n == board.selected else None)
         pick = listed[board.selected][2] if listed else None
     parts: list[Any] = [table]
+    parts += [Text(line, style="bold red" if warns else "") for line, warns in input_lines(board)]
     if pick is not None and pick in reachable and (doc := board.ranks[pick].doc):
         mods = Table(title=f"modules of rank {doc['rank']} (largest first)", expand=True)
         for name in ("module", "parameters", "gradients", "optimizer state", "activations"):

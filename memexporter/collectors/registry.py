@@ -41,6 +41,7 @@ def catalogue() -> list[PureCollector]:
     from memexporter.collectors.device import DeviceCollector
     from memexporter.collectors.exporter import ExporterCollector
     from memexporter.collectors.host import HostCollector
+    from memexporter.collectors.inputs import InputsCollector
     from memexporter.collectors.memory import MemoryCollector
     from memexporter.collectors.modules import ModulesCollector
     from memexporter.collectors.phases import PhasesCollector
@@ -49,6 +50,7 @@ def catalogue() -> list[PureCollector]:
     return [
         MemoryCollector(),
         TrendCollector(),
+        InputsCollector(),
         AllocatorCollector(),
         DeviceCollector(),
         HostCollector(),

@@ -52,6 +52,7 @@ class Config:
     memory_limit_bytes: int | None
     leak_window: int
     warmup_steps: int
+    max_input_elements: int | None
     auto_step: bool
     module_depth: int
     max_modules: int

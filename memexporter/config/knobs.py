@@ -87,6 +87,13 @@ KNOBS: tuple[Knob, ...] = (
         "an integer >= 0",
     ),
     Knob(
+        "max_input_elements",
+        kt.opt_positive,
+        None,
+        "The largest step input the data can bring, in elements (memexporter_step_input_elements counts them: every tensor the model is given). Published as memexporter_input_declared_max_elements; when it exceeds the input capacity learned from the job's steps, on_oom_risk fires and MemexporterInputOverCapacity pages, before the long batch comes.",
+        "an integer >= 1 (elements)",
+    ),
+    Knob(
         "auto_step",
         kt.boolean,
         True,

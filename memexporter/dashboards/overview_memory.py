@@ -156,4 +156,20 @@ def memory_panels() -> tuple[Panel, ...]:
             ),
             w=12,
         ),
+        Panel(
+            "Input: largest seen against what fits",
+            "timeseries",
+            "short",
+            "Will the longest batch fit? The largest step input that fits the limit, in elements (learned from the "
+            "job's own steps: how the step peak grows with the input, grown with the job's mix of batch and "
+            "length), against the largest input seen and the largest the data can bring (max_input_elements, "
+            "where declared). The capacity is absent without spread in the inputs (one shape, or a few close "
+            "sizes). The Top K ranks closest to their limit" + END,
+            (
+                (among(m("input_capacity_elements"), fullest), "fits r{{rank}} {{device}}"),
+                (among(m("step_input_elements_max"), fullest, KEY), "largest seen r{{rank}}"),
+                (among(m("input_declared_max_elements"), fullest, KEY), "declared r{{rank}}"),
+            ),
+            w=12,
+        ),
     )

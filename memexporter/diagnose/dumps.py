@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from memexporter.collectors.scrape import Scrape, Sources
 from memexporter.diagnose.engine import WATCH_INTERVAL_S, Diagnosis
-from memexporter.diagnose.report import document, oom_view
+from memexporter.diagnose.report import document, on_largest_input, oom_view
 from memexporter.diagnose.writer import DumpWriter, clean_stale, write_atomic
 from memexporter.oom.advice import MIN_SHARE, REMEDY, applies
 from memexporter.oom.view import describe_full
@@ -100,6 +100,8 @@ class Premortem:
             reason = premortem_reason(oom_view(self.diagnosis.sources))
             if reason is None:
                 return
+            if (largest := on_largest_input(self.diagnosis.sources)) is not None:
+                reason += f"; {largest}"
             self.done = True  # a census or document that fails is not retried at every tick
             latest = self.diagnosis.findings
             if latest is None or latest.census.step != step:
@@ -155,7 +157,8 @@ def what_ran_out(sources: Sources, device: int, asked: int, device_free: int) ->
     allocated, 1.20 GiB stranded in partly used segments (6.00 GiB reserved)``, and the remedy when
     it applies. From a scrape's reading (the OOM observer runs after the allocator let go of its
     lock); the driver's free figure only if that reading fails: under a memory fraction the device
-    can have 130 GiB free while the job's limit is full."""
+    can have 130 GiB free while the job's limit is full. An OOM in a step given the largest input so far
+    says so, with that input's size and the largest before it (``report.on_largest_input``)."""
     label = f"cuda:{device}"
     try:
         scrape = Scrape(sources)
@@ -168,6 +171,8 @@ def what_ran_out(sources: Sources, device: int, asked: int, device_free: int) ->
             and applies(label, scrape.allocator_backend, scrape.expandable_segments)
         ):
             text += f"; {REMEDY} would likely recover the stranded {fmt_bytes(view.stranded)}"
+        if (largest := on_largest_input(sources)) is not None:
+            text += f"; {largest}"
         return text
     except Exception:  # the message must not cost the dump
         return f"asked {fmt_bytes(asked)} on {label}, {fmt_bytes(device_free)} free on the device (the driver's figure)"

@@ -1,8 +1,9 @@
 """The ``/debug/memory`` document: the latest findings plus the OOM view, as JSON-ready data.
 
 Built on the thread that asks (the HTTP thread, or the training thread for a pre-mortem) from
-published state only: the latest ``Findings`` and the step tracker's snapshot, never a live
-tensor, and without waiting on the training loop.
+published state only: the latest ``Findings``, the step tracker's snapshot and its input log (what
+the steps were given, and the largest input that fits), never a live tensor, and without waiting on
+the training loop.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import time
 from typing import Any, Protocol
 
+from memexporter.collectors.inputs import capacities
 from memexporter.collectors.scrape import Scrape, Sources
 from memexporter.diagnose.findings import Findings, to_json
 from memexporter.oom.advice import Advice, advise
@@ -73,6 +75,53 @@ def oom_view(sources: Sources) -> dict[str, dict[str, Any]]:
     return out
 
 
+def inputs(sources: Sources) -> dict[str, Any] | None:
+    """The step's input (``tracking/inputs.py``): the open step's (``step_elements``, elements), the largest
+    completed before it and that one's length and batch, the largest before that, the declared maximum,
+    ``largest_so_far`` (the open step's input is larger than any before) and per device the capacity
+    (``oom/capacity.py``: elements, bytes per element, and its line). None before any input."""
+    tracker = sources.steps
+    if tracker is None:
+        return None
+    snap = tracker.inputs.snapshot()
+    now, largest = tracker.inputs.in_flight()
+    if not (now or snap.largest_elements):
+        return None
+    return {
+        "step_elements": now,
+        "largest_elements": largest,
+        "largest_length": snap.largest_length,
+        "largest_batch": snap.largest_batch,
+        "before_largest_elements": snap.before_largest,
+        "declared_max_elements": sources.config.max_input_elements,
+        "largest_so_far": now > largest > 0,
+        "capacity": {
+            d: {"elements": c.elements, "bytes_per_element": c.bytes_per_element, "text": c.describe()}
+            for d, c in capacities(Scrape(sources)).items()
+        },
+    }
+
+
+def on_largest_input(sources: Sources) -> str | None:
+    """``on the largest input so far: 5,120 elements (the largest before it: 4,096)`` when the open step's
+    input is larger than every completed step's (what an OOM now ran out on); at a boundary (the
+    pre-mortem's tick), when the step that just ended was given the largest: ``after the largest input so
+    far: ...``. Else None. Never raises."""
+    try:
+        log = sources.steps.inputs if sources.steps is not None else None
+        if log is None:
+            return None
+        now, largest = log.in_flight()
+        last, before = log.last, log.before
+    except Exception:
+        return None
+    if now > largest > 0:
+        return f"on the largest input so far: {now:,} elements (the largest before it: {largest:,})"
+    if not now and last == largest > 0 and before:
+        return f"after the largest input so far: {last:,} elements (the largest before it: {before:,})"
+    return None
+
+
 class Published(Protocol):
     """What the document reads of the diagnosis (``engine.Diagnosis``): its published state only."""
 
@@ -109,6 +158,7 @@ def document(diagnosis: Published, top: int = DEFAULT_TOP) -> dict[str, Any]:
             {"device": a.device, "recoverable_bytes": a.recoverable_bytes, "text": a.describe()}
             for a in advice(sources)
         ]
+        doc["input"] = inputs(sources)
     except Exception as exc:  # the census part is still worth serving
         doc["oom"] = {"error": f"{type(exc).__name__}: {exc}"}
     return doc

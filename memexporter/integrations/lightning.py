@@ -4,8 +4,10 @@
     trainer = lightning.Trainer(callbacks=[MemexporterCallback(port=9400)])
 
 Every rank starts its exporter (``port + LOCAL_RANK``) in ``setup``, tracks the
-``LightningModule``, marks the phases and takes ``trainer.global_step`` as the step count; the
-exporter stops in ``teardown`` (or ``on_exception``) unless it was running before. Needs
+``LightningModule``, marks the phases, reports each training batch as the step's input
+(``memexporter.step_input``; ``max_input_elements=`` declares the largest the data can bring) and
+takes ``trainer.global_step`` as the step count; the exporter stops in ``teardown`` (or
+``on_exception``) unless it was running before. Needs
 ``lightning`` (``lightning.pytorch``), or ``pytorch_lightning`` when only that is installed.
 
 Lightning 2.6 behaviour this relies on (``lightning/pytorch/...``):
@@ -30,6 +32,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import memexporter
 from memexporter.integrations.session import Session, check_start_kwargs, import_framework
 
 __all__ = ["MemexporterCallback"]
@@ -100,6 +103,9 @@ class MemexporterCallback(pl.Callback):  # type: ignore[misc,name-defined]
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         with self._session.guard("on_train_batch_start"):
             self._session.open("train")
+            # The step's input, from the batch the loop hands the module (shapes only): a LightningModule's
+            # training_step may call a submodule with something else than the batch, or no tracked forward.
+            memexporter.step_input(batch)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         s = self._session

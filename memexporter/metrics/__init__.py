@@ -4,7 +4,7 @@ Collectors build their families from these specs, the OTel adapter and the metri
 reference (docs/metrics.md) are derived from them, and tests check dashboards and rules against them. Add a row
 here and nowhere else: in the family's module, whose tuple ``SPECS`` joins in the table's order (the order of
 docs/metrics.md and of the other generated files). ``spec.py`` holds the columns (``MetricSpec``, ``SemConv``,
-``UCUM``, the label tuples) and the row builders; ``memory.py`` the OOM view; ``tracking.py`` the phases and the
+``UCUM``, the label tuples) and the row builders; ``memory.py`` the OOM view; ``inputs.py`` the step's input and the capacity; ``tracking.py`` the phases and the
 per-module breakdown; ``allocator.py`` the CUDA caching allocator; ``device.py`` the device and the host;
 ``exporter.py`` the exporter itself, the job's end and the collectors' guard. A leaf: it imports nothing of the
 package outside itself (the helper process imports it: never torch).
@@ -19,6 +19,7 @@ from prometheus_client.core import Metric
 from memexporter.metrics.allocator import ALLOCATOR_SPECS
 from memexporter.metrics.device import DEVICE_SPECS, HOST_SPECS
 from memexporter.metrics.exporter import EXPORTER_SPECS, GUARD_SPECS, JOB_END_SPECS, REASONS
+from memexporter.metrics.inputs import INPUT_SPECS
 from memexporter.metrics.memory import OOM_VIEW_SPECS
 from memexporter.metrics.spec import (
     DEVICE,
@@ -54,6 +55,7 @@ __all__ = [
 
 SPECS: tuple[MetricSpec, ...] = (
     *OOM_VIEW_SPECS,
+    *INPUT_SPECS,
     *PHASE_SPECS,
     *ALLOCATOR_SPECS,
     *DEVICE_SPECS,

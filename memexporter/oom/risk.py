@@ -10,6 +10,18 @@ evaluation) plus what is stranded now, fills more than ``full_utilisation`` of t
 ``horizon_s`` ("forecast"). Committed, not allocated: under the native allocator the limit is met
 by segments, and an H200 job died with 79 % of its limit allocated (``backends.base.committed``).
 
+A fast leak is a forecast on its ETA alone, whatever the level, once the ETA is under ``eta_alone_s``
+(``ETA_ALONE_S``) and the trend's own gates hold (a finite ETA: enough steps, growth beyond the noise,
+kept up). On the H200's 16 MiB/step trace the level gate opened 1.3 s before the OOM, while the ETA
+was finite and right 8.3 s before it. The threshold is sized from what a callback needs: it runs at
+the next boundary after a judgement (``CHECK_INTERVAL_S`` plus a step), then saves; ``torch.save`` of
+what one GPU trains (weights and optimizer state, 10 to 20 GB for a model filling 80 GiB) takes 10 to
+30 s to a local disk at 1 to 2 GB/s. 60 s covers that twice. A slower leak is left to the level gate.
+
+The input ("input"): the declared largest input (``max_input_elements``) exceeds the capacity learned
+from the job's steps (``oom/capacity.py``), or the largest input seen is within ``capacity.NEAR`` of
+it: the OOM arrives with a batch, and no trend sees it coming.
+
 Who does what: a daemon thread judges once every ``CHECK_INTERVAL_S`` from the same figures a scrape
 reads (the step tracker's windows, the limit of each device); the training thread, at its next step
 boundary, runs the callbacks once per episode. An episode ends when a judgement finds no risk.
@@ -25,6 +37,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from memexporter.collectors.inputs import capacities
 from memexporter.collectors.scrape import Scrape, Sources
 from memexporter.oom.trend import estimate
 from memexporter.rules.params import RulesConfig
@@ -35,6 +48,8 @@ from memexporter.units import MiB
 log = logging.getLogger("memexporter")
 
 CHECK_INTERVAL_S = 1.0
+ETA_ALONE_S = 60.0
+"""An ETA under this fires on its own, whatever the level (module docstring: what a callback needs)."""
 _DEFAULTS = RulesConfig()
 
 
@@ -42,8 +57,9 @@ _DEFAULTS = RulesConfig()
 class OomRisk:
     """Why ``on_oom_risk`` called: bytes of ``device`` (``used``: allocated; ``peak``: the committed
     peak compared with the limit; ``committed``: what fills the limit now), ETA in seconds
-    (``math.inf``: not growing), ``reason`` ``"headroom"`` or ``"forecast"``, ``phase`` whose peak
-    it was (``"step"``: the training steps'), and the step count when judged."""
+    (``math.inf``: not growing), ``reason`` ``"headroom"``, ``"forecast"`` or ``"input"``, ``phase``
+    whose peak it was (``"step"``: the training steps'), the step count when judged, and ``detail``:
+    for ``"input"``, the capacity's line (``Capacity.describe``)."""
 
     device: str
     used_bytes: float
@@ -54,10 +70,13 @@ class OomRisk:
     phase: str
     step: int
     committed_bytes: float = 0.0
+    detail: str = ""
 
     def describe(self) -> str:
         """One line for the job's log: where, why, how full, how soon."""
         eta = "none" if math.isinf(self.eta_seconds) else f"{self.eta_seconds:.0f} s"
+        if self.reason == "input":
+            return f"OOM risk on {self.device} (input: {self.detail})"
         return (
             f"OOM risk on {self.device} ({self.reason}: {self.phase} peak {self.peak_bytes / MiB:.0f} MiB of a "
             f"{self.limit_bytes / MiB:.0f} MiB limit, committed {self.committed_bytes / MiB:.0f} MiB, "
@@ -73,6 +92,7 @@ class Thresholds:
     horizon_s: float = float(_DEFAULTS.imminent_horizon)
     min_utilisation: float = _DEFAULTS.imminent_min_utilisation
     full_utilisation: float = _DEFAULTS.imminent_full_utilisation
+    eta_alone_s: float = ETA_ALONE_S
 
 
 def judge(sources: Sources, thresholds: Thresholds) -> OomRisk | None:
@@ -98,11 +118,20 @@ def judge(sources: Sources, thresholds: Thresholds) -> OomRisk | None:
         util = peak / view.limit
         if util > thresholds.full_utilisation:
             reason = "headroom"
-        elif step_peak / view.limit > thresholds.min_utilisation and est.oom_eta_seconds < thresholds.horizon_s:
+        elif est.oom_eta_seconds < thresholds.horizon_s and (
+            step_peak / view.limit > thresholds.min_utilisation or est.oom_eta_seconds < thresholds.eta_alone_s
+        ):
             reason, phase, peak = "forecast", "step", step_peak
         else:
             continue
         return OomRisk(device, view.used, peak, view.limit, est.oom_eta_seconds, reason, phase, snap.steps, view.held)
+    for device, cap in capacities(scrape, snap).items():
+        if not cap.declared_fits or cap.near:
+            view = scrape.views[device]
+            peak = float(cap.fit.predict(cap.largest, cap.length))
+            return OomRisk(
+                device, view.used, peak, cap.limit, math.inf, "input", "step", snap.steps, view.held, cap.describe()
+            )
     return None
 
 

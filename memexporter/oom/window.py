@@ -130,6 +130,11 @@ class TrendWindow:
         """Post-warm-up points held, at most ``capacity``."""
         return self._count
 
+    @property
+    def restarts(self) -> int:
+        """How often the window was reset (a restart, or a new level: ``RESTART_DROP_*``)."""
+        return self._restarts
+
     def add(self, step: int, t: float, baseline: float, peak: float, committed: float | None = None) -> None:
         """Record one completed step: ``t`` in monotonic seconds, ``baseline``/``peak``/``committed``
         in bytes (``committed`` None: the same as ``baseline``, as on ``cpu``)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from memexporter.rules.conditions import CONDITIONS
+from memexporter.rules.inputs import input_alerts
 from memexporter.rules.params import RulesConfig
 from memexporter.rules.phases import stalled_alert
 from memexporter.rules.rule import Rule
@@ -254,7 +255,7 @@ def alerts(c: RulesConfig) -> list[Rule]:
     """Every alert: the record of its condition where it has one, the alert per rank, its run twin."""
     p = params(c)
     out: list[Rule] = []
-    for alert, twin in _rank_alerts(c):
+    for alert, twin in [*_rank_alerts(c), *((rule, None) for rule in input_alerts(c))]:
         out += [CONDITIONS[alert.name].record] if alert.name in CONDITIONS else []
         rank = dataclasses.replace(alert, scope="rank")
         out.append(rank)

@@ -55,6 +55,8 @@ class RulesConfig:
     fragmentation_for: int = 900
     imbalance_min_excess: float = 0.1  # peak above the job's median rank, fraction of the limit
     imbalance_for: int = 1800
+    input_near: float = 0.9  # the largest input seen over the capacity that warns (oom/capacity.py: NEAR)
+    input_for: int = 300  # the capacity is refitted at every scrape: a few minutes ride out a noisy one
     collector_window: int = 600
     collector_min_success: float = 0.9
     collector_for: int = 600
@@ -95,6 +97,7 @@ class RulesConfig:
             fragmentation_window=60,
             fragmentation_for=60,
             imbalance_for=60,
+            input_for=30,
             collector_window=60,
             collector_for=60,
             stalled_floor=60,

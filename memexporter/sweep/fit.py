@@ -1,7 +1,8 @@
 """``max_fit``: the largest configuration that fits, as measured and as a line through the peaks predicts.
 
 The prediction is a least-squares line of peak bytes against the first axis, through the runs of
-one series (the other axes fixed) that fit, solved for the limit. It is given only when the fit
+one series (the other axes fixed) that fit, solved for the limit: ``oom/peakfit.py``, the same fit
+as the live job's input capacity (``oom/capacity.py``), without its robust weights. It is given only when the fit
 is *sound*, that is:
 
 1. the first axis is numeric and a limit is known;
@@ -22,6 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memexporter.oom.peakfit import Fit, fit_line
 from memexporter.sweep.grid import Axis
 from memexporter.sweep.runner import Run, Sweep
 from memexporter.units import MiB
@@ -31,45 +33,20 @@ MAX_RESIDUAL = 0.05
 
 
 @dataclass(frozen=True)
-class Line:
-    """``peak = intercept + slope * x`` (bytes), and how well it fits its points."""
-
-    slope: float
-    intercept: float
-    points: int
-    max_residual: float
-    spread: float
-
-    def solve(self, y: float) -> float:
-        return (y - self.intercept) / self.slope
-
-
-def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Line:
-    """The least-squares line of ``ys`` (peak bytes) against ``xs``; slope 0 when every ``x`` is the same."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
-    intercept = my - slope * mx
-    residual = max(abs(y - (intercept + slope * x)) for x, y in zip(xs, ys, strict=True))
-    return Line(slope, intercept, n, residual, max(ys) - min(ys))
-
-
-@dataclass(frozen=True)
 class Prediction:
     """The first axis's largest value that fits, for one series (``others``: the other axes' values)."""
 
     others: dict[str, str]
     value: int | float | None
     reason: str | None
-    line: Line | None = None
+    line: Fit | None = None
 
 
 def predict(axis: Axis, runs: Sequence[Run], limit: float | None, others: dict[str, str]) -> Prediction:
     """Where the line through one series' fitting ``runs`` reaches ``limit`` bytes on the first axis, or
     None and the condition that failed (see the module doc); ``others``: the series' other axes."""
 
-    def no(reason: str, line: Line | None = None) -> Prediction:
+    def no(reason: str, line: Fit | None = None) -> Prediction:
         return Prediction(others, None, reason, line)
 
     if not axis.numeric:

@@ -6,8 +6,9 @@ model's forward and their state, and publishes activation bytes through the hand
 
 - **Permanent hooks sit on the entries only**: the root, and until the root is seen running a
   grad-enabled forward, its top-level hooked children (a ``LightningModule`` whose
-  ``training_step`` calls ``self.net`` never calls the root). They count nesting and sample the
-  step peak at the end of each outermost forward.
+  ``training_step`` calls ``self.net`` never calls the root). They count nesting, measure the
+  step's input from an outermost training forward's arguments (``inputs.py``: shapes only), and
+  sample the step peak at the end of each outermost forward.
 - **Few forwards are recorded** (``schedule.py``: at most one pass a second and one in eight).
   Only then does the entry's pre-hook push a ``saved_tensors_hooks`` pair (``saved.py``: the pack
   hook adds each saved storage's bytes to the row of the innermost running module) and register
@@ -33,7 +34,7 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.hooks import RemovableHandle
 
-from memexporter.tracking import phases, saved
+from memexporter.tracking import inputs, phases, saved
 from memexporter.tracking.counts import ModelCounts
 from memexporter.tracking.errors import count_failure
 from memexporter.tracking.rows import RowHooks
@@ -81,18 +82,19 @@ class ForwardRecorder:
         # Bound once: the automatic "forward" phase, and a step-peak sample at each forward's end.
         self._forward_begin: Callable[[], None] = phases.forward_begin
         self._forward_end: Callable[[bool], None] = phases.forward_end
+        self._note: Callable[[Any, dict[str, Any] | None], None] = inputs.note_call
 
     def attach(self, model: nn.Module) -> None:
         """Hook the entries: the root first (its hooks run eagerly, also under ``model.compile()``),
         then its top-level hooked children. A failure leaves what was hooked to ``detach()``."""
         pre, post = self._entry_hooks_for(0)
-        self._root_hooks.append(model.register_forward_pre_hook(pre, prepend=True))
+        self._root_hooks.append(model.register_forward_pre_hook(pre, prepend=True, with_kwargs=True))
         self._root_hooks.append(model.register_forward_hook(post, always_call=True))
         # Under torch.compile(model) Dynamo traces the inner modules: hooks there would run at
         # trace time, not interleaved with the saves, so activations go to the root row instead.
         for m, row in [] if self._compiled else self._plan.entries:
             pre, post = self._entry_hooks_for(row)
-            self._entry_hooks.append(m.register_forward_pre_hook(pre))
+            self._entry_hooks.append(m.register_forward_pre_hook(pre, with_kwargs=True))
             self._entry_hooks.append(m.register_forward_hook(post, always_call=True))
 
     def close(self) -> bool:
@@ -126,15 +128,15 @@ class ForwardRecorder:
         return self._depth == 0 and self._ctx is None and not self._stack and not self._rows.on
 
     def _entry_hooks_for(self, row: int) -> tuple[Callable[..., None], Callable[..., None]]:
-        def pre(m: nn.Module, args: Any) -> None:
-            self._enter(row)
+        def pre(m: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+            self._enter(row, args, kwargs)
 
         def post(m: nn.Module, args: Any, out: Any) -> None:
             self._leave()
 
         return _eager(pre), _eager(post)
 
-    def _enter(self, row: int) -> None:
+    def _enter(self, row: int, args: Any = (), kwargs: dict[str, Any] | None = None) -> None:
         if self.removed:  # removed while a forward ran, or from another thread: finish here, in a
             self._finish()  # pre-hook (torch iterates a copy of the pre-hooks)
             return
@@ -149,7 +151,10 @@ class ForwardRecorder:
             if _graph_task() != -1 or os.getpid() != self._counts.pid:
                 return
             self._forward_begin()
-            if not (torch.is_grad_enabled() and _hooks_enabled()):
+            grad = torch.is_grad_enabled()
+            if grad:  # a training forward: its input is the step's (shapes only, inputs.py)
+                self._note(args, kwargs)
+            if not (grad and _hooks_enabled()):
                 return
             with self._life:
                 if self.removed:

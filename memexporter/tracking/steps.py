@@ -17,6 +17,10 @@ phases (forward, backward, optimizer) read only on a *detailed* step, one in ``D
 most one per ``DETAIL_INTERVAL_S``, as the tracked model's forward recording does. The step peak
 stays exact wherever the high-water mark rose; in between, the samples of a detailed step bound it
 from below.
+
+The step's input (``inputs.py``, ``self.inputs``): each boundary closes the input the step was given
+and, for each device whose step peak was measured (exact, or a detailed step's highest sample), keeps
+the pair for the capacity's fit (``oom/capacity.py``), in bounded bins.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from typing import TypeAlias
 
 from memexporter.backends.base import AllocatorSource, HostSource, Reading
 from memexporter.oom.trend import TrendPoints, TrendWindow
+from memexporter.tracking.detail import DETAIL_EVERY, DETAIL_INTERVAL_S, Detail
+from memexporter.tracking.inputs import InputLog
+
+__all__ = ["DETAIL_EVERY", "DETAIL_INTERVAL_S", "Detail", "Readings", "StepSnapshot", "StepTracker"]
 
 log = logging.getLogger("memexporter")
 
@@ -43,11 +51,6 @@ log = logging.getLogger("memexporter")
 _DEVICE_REFRESH_STEPS = 50
 # step_interval_seconds is the median of the intervals between the last this-many boundaries.
 _RHYTHM_STEPS = 33
-DETAIL_EVERY = 8
-"""In steady state at most one step in this many takes intra-step readings (``Detail``)..."""
-DETAIL_INTERVAL_S = 1.0
-"""...and at most one per this many seconds (the same pace as a tracked model's recorded forwards)."""
-
 Readings: TypeAlias = dict[str, Reading]
 """``{device: Reading(used, lifetime high-water mark, committed)}`` in bytes, read at one instant."""
 
@@ -99,25 +102,6 @@ def _step_peak(dev: _Device, used: int, high_water: int) -> int:
     return max(samples, min(high_water, dev.last_used + dev.excursion))
 
 
-@dataclass
-class Detail:
-    """Which steps take intra-step readings: one in ``every``, at most one per ``interval`` seconds,
-    the first always. ``Detail()`` (every step) is for direct users; the exporter paces it."""
-
-    every: int = 1
-    interval: float = 0.0
-    _since: int = 1 << 30  # steps since the last detailed one
-    _at: float = -1e18  # when it started
-
-    def next(self, now: float) -> bool:
-        """A boundary at ``now`` (monotonic seconds): whether the step it starts is detailed."""
-        self._since += 1
-        if self._since >= self.every and now - self._at >= self.interval:
-            self._since, self._at = 0, now
-            return True
-        return False
-
-
 class StepTracker:
     """Bounded per-device step history. ``step()`` and ``sample()`` run on the training thread."""
 
@@ -135,6 +119,8 @@ class StepTracker:
         self._cuda, self._host, self._clock, self._host_peak, self._wall = cuda, host, clock, host_peak, wall
         self.detail = detail or Detail()  # which steps take intra-step readings
         self.detailed = True  # the current step takes intra-step readings (the first always does)
+        self._sampled = False  # a sample was taken in the current step
+        self.inputs = InputLog()  # the step's input and the capacity's points (inputs.py)
         self.readings = 0  # readings taken, for the benchmark and the tests
         self._window, self._warmup = window, warmup_steps
         self._lock = threading.Lock()
@@ -187,6 +173,7 @@ class StepTracker:
         try:
             readings = self.last = self._read()
             with self._lock:
+                self._sampled = True
                 for name, r in readings.items():
                     dev = self._devices.get(name)
                     if dev is not None and r.used > dev.step_max:
@@ -210,6 +197,7 @@ class StepTracker:
                 self._last_wall = self._wall()
                 if self._held is not None:  # a boundary inside an out-of-step phase starts a new step
                     self._held = {name: r.used for name, r in readings.items()}
+                size, sampled = self.inputs.end_step(), self.detailed and self._sampled
                 for name, (used, high_water, committed) in readings.items():
                     dev = self._devices.get(name)
                     if dev is None:
@@ -217,11 +205,17 @@ class StepTracker:
                         dev = self._devices[name] = _Device(
                             TrendWindow(self._window, self._warmup), high_water, used, used
                         )
-                    peak = _step_peak(dev, used, high_water)
+                    if size is not None:
+                        rose = high_water > dev.high_water
+                        top = high_water if rose else dev.step_max if sampled else 0
+                        self.inputs.measured(name, size, self.steps, max(dev.last_used, used), top, rose)
+                    peak, restarts = _step_peak(dev, used, high_water), dev.window.restarts
                     dev.window.add(self.steps, now, float(used), float(peak), float(committed))
+                    if dev.window.restarts != restarts:  # a new level (memory freed): old peaks no longer hold
+                        self.inputs.forget(name)
                     dev.high_water, dev.last_used, dev.step_max, dev.last_peak = high_water, used, used, peak
                 steps = self.steps
-                self.detailed = self.detail.next(now)
+                self.detailed, self._sampled = self.detail.next(now), False
             for observer in self._observers:
                 observer(readings)
             for callback in self._boundary_callbacks:

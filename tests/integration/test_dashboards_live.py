@@ -65,7 +65,8 @@ PHASE_ANNOTATIONS = [(name, a) for name, a in ANNOTATIONS if (name, a) not in AL
 # An evaluation forward every 5 steps (a second): the demo's out-of-step phase.
 # The small model's modules still fill every module panel; an evaluation every 5 steps gives the phase
 # panels and annotation something to show.
-DEMO_ARGS = (*SMALL_MODEL, "--eval-every", "5")
+# Variable lengths, with the data's largest declared: the input panel's largest seen and declared lines.
+DEMO_ARGS = (*SMALL_MODEL, "--eval-every", "5", "--seq-len-min", "8", "--max-input-elements", "4096")
 RUN_ID = "dashboards-live"  # the demo's run (MEMEXPORTER_RUN_ID), as a launcher would name it
 RUN_ALERT = "MemexporterMemoryLeak"  # fires run-wide in the synthetic rules below
 RULE_FILES = sorted((REPO_ROOT / "alerts").glob("*.yml"))  # alerts/ holds rules files only
@@ -98,6 +99,11 @@ def gpu_only(panel: dict[str, Any]) -> bool:
 def sharded_only(panel: dict[str, Any]) -> bool:
     """Every query reads a series of sharded models only (the demo's model is not sharded)."""
     return all(metric_names(t["expr"]) & SHARDED_ONLY for t in panel["targets"])
+
+
+# The capacity needs inputs whose peaks stand out of the host's noise: the small CPU model's do not, so the
+# exporter claims none (oom/capacity.py), by design. Its query must still name only real series.
+NEEDS_SPREAD = {"memexporter_input_capacity_elements"}
 
 
 def shipped_alerts() -> set[str]:
@@ -209,6 +215,10 @@ def test_panel_queries_return_data(live: tuple[Prometheus, dict[str, str]], name
             unknown = metric_names(expr) - SPEC_NAMES - recording_rules(RULE_FILES) - BUILTINS
             assert not unknown, f"{name}: {panel['title']!r} names series nothing exports: {sorted(unknown)}"
             assert result == [], f"panel {panel['title']!r} returned data on a CPU job of an unsharded model: {expr}"
+            continue
+        if metric_names(expr) & NEEDS_SPREAD:
+            unknown = metric_names(expr) - SPEC_NAMES - recording_rules(RULE_FILES) - BUILTINS
+            assert not unknown, f"{name}: {panel['title']!r} names series nothing exports: {sorted(unknown)}"
             continue
         if counts_failures(panel):  # 0 on the healthy demo (not "No data"); the other run's failing host counts 1
             healthy = _values(result)

@@ -37,7 +37,7 @@ from memexporter.collectors.registry import GuardedCatalogue, catalogue
 from memexporter.collectors.scrape import Identity, Sources
 from memexporter.config import Config
 from memexporter.oom.risk import CHECK_INTERVAL_S, OomRisk, RiskWatch
-from memexporter.tracking.steps import StepTracker
+from memexporter.tracking.steps import DETAIL_EVERY, DETAIL_INTERVAL_S, Detail, StepTracker
 from tests.support.cuda_standins import TorchStandIn, load
 from tests.support.fakes import FakeHost
 from tests.support.h200_traces import RECORDED, Trace, load_trace, trace_names
@@ -66,6 +66,7 @@ class Moment:
     limit: float
     leak_per_step: float
     recoverable: float  # memexporter_allocator_recoverable_bytes (NaN: no series)
+    capacity: float = math.nan  # memexporter_input_capacity_elements (NaN: no series)
 
     @property
     def fullness(self) -> float:
@@ -102,8 +103,13 @@ class Replay:
         return self.trace.oom_at - self.fired[0][0] if self.fired else None
 
 
+INPUT_COLUMNS = ("input_elements", "input_length", "input_batch", "forward_allocated")
+"""A variable-length trace's step inputs and its forward's allocated bytes (tests/cuda/record_lengths.py):
+noted and sampled as the tracked forward would (the sample read on detailed steps only, as in a job)."""
+
+
 def _stats(base: dict[str, int], row: dict[str, float]) -> dict[str, int]:
-    return {**base, **{k: int(v) for k, v in row.items() if k not in ("t", "step")}}
+    return {**base, **{k: int(v) for k, v in row.items() if k not in ("t", "step", *INPUT_COLUMNS)}}
 
 
 @contextmanager
@@ -127,7 +133,10 @@ def replay(trace: Trace, mp: pytest.MonkeyPatch, scrape_every: float = 0.25) -> 
         base = dict(device["memory_stats"])
         backend = TorchBackend()
         host = FakeHost()
-        tracker = StepTracker(backend, host, 200, 20, clock=lambda: now[0], host_peak=lambda: 0, wall=lambda: now[0])
+        paced = Detail(DETAIL_EVERY, DETAIL_INTERVAL_S)  # the exporter's pacing of intra-step samples
+        tracker = StepTracker(
+            backend, host, 200, 20, clock=lambda: now[0], host_peak=lambda: 0, wall=lambda: now[0], detail=paced
+        )
         sources = Sources(
             Identity("0", "0", "1", "replay"), Config.resolve({}, environ={}), backend, NoDriver(), host, tracker
         )
@@ -138,6 +147,12 @@ def replay(trace: Trace, mp: pytest.MonkeyPatch, scrape_every: float = 0.25) -> 
         for row in trace.rows:
             now[0] = row["t"]
             device["memory_stats"] = _stats(base, row)
+            if "input_elements" in row:
+                tracker.inputs.note(*(int(row[c]) for c in INPUT_COLUMNS[:3]))
+                forward = int(row["forward_allocated"])
+                device["memory_stats"] = {**_stats(base, row), "allocated_bytes.all.current": forward}
+                tracker.sample()
+                device["memory_stats"] = _stats(base, row)
             tracker.step()
             if now[0] >= next_check:
                 watch.check()
@@ -164,6 +179,7 @@ def _scrape(registry: CollectorRegistry, t: float, step: int) -> Moment:
         value("memory_limit_bytes"),
         value("leak_bytes_per_step"),
         value("allocator_recoverable_bytes"),
+        value("input_capacity_elements"),
     )
 
 

@@ -3,7 +3,8 @@
 Rendered in the job from the same collection of the registry as ``/metrics`` (``render.py``: one
 collection, two bodies, published together), so every figure on the page is a ``/metrics`` sample of
 that moment: per device used, limit, step peak, baseline, leak rate and OOM ETA (with the ETA in words),
-the module rows (largest first) and each collector's health. The history of the last half hour comes
+the largest input that fits (``oom.capacity.in_words``, from the input series), the module rows
+(largest first) and each collector's health. The history of the last half hour comes
 from the in-process ``History`` (step baselines and peaks), not from Prometheus. The page itself is the
 helper's (``serving/page.py``).
 """
@@ -19,6 +20,8 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 
 from memexporter.oom.advice import Advice
+from memexporter.oom.capacity import NEAR
+from memexporter.oom.capacity import in_words as capacity_in_words
 from memexporter.tracking.history import History
 from memexporter.units import fmt_bytes, fmt_duration
 
@@ -34,6 +37,14 @@ _DEVICE = (
     "leak_rate_bytes_per_second",
     "leak_bytes_per_step",
     "oom_eta_seconds",
+    "input_capacity_elements",
+)
+# The rank's input figures (oom/capacity.py reads them back into one line per device).
+_INPUT = (
+    "step_input_elements_max",
+    "step_input_max_length",
+    "step_input_max_batch",
+    "input_declared_max_elements",
 )
 _MODULE = {
     "parameters": "module_parameter_bytes",
@@ -63,6 +74,18 @@ def advice_in_words(device: str, figures: Mapping[str, float | None]) -> str | N
     return Advice(device, recoverable, limit).describe()
 
 
+def input_in_words(figures: Mapping[str, float | None], rank: Mapping[str, float]) -> tuple[str | None, bool]:
+    """The device's largest input that fits, in a line, and whether it warns (``oom.capacity.in_words``)."""
+    capacity, largest = figures.get("input_capacity_elements"), rank.get("step_input_elements_max")
+    if capacity is None or not largest:
+        return None, False
+    declared = rank.get("input_declared_max_elements")
+    line = capacity_in_words(
+        capacity, largest, rank.get("step_input_max_length", 0.0), rank.get("step_input_max_batch", 0.0), declared
+    )
+    return line, (declared is not None and declared > capacity) or largest >= (1 - NEAR) * capacity
+
+
 def _finite(v: float) -> float | None:
     return v if math.isfinite(v) else None  # JSON has no Inf or NaN: null, and in_words says what it meant
 
@@ -72,6 +95,7 @@ def document(samples: Iterable[tuple[str, dict[str, str], float]], history: Hist
     devices: dict[str, dict[str, float | None]] = defaultdict(dict)
     modules: dict[str, dict[str, float]] = defaultdict(dict)
     health: dict[str, bool] = {}
+    inputs: dict[str, float] = {}
     doc: dict[str, Any] = {"rank": None, "steps": None, "step_interval_seconds": None}
     by_module = {f"memexporter_{v}": k for k, v in _MODULE.items()}
     for name, labels, value in samples:
@@ -81,6 +105,8 @@ def document(samples: Iterable[tuple[str, dict[str, str], float]], history: Hist
             devices[labels["device"]][short] = value
         elif name in by_module and "module" in labels:
             modules[labels["module"]][by_module[name]] = value
+        elif short in _INPUT:
+            inputs[short] = value
         elif short == "collector_success":
             health[labels.get("collector", "?")] = value == 1
         elif short == "steps_total":
@@ -94,6 +120,7 @@ def document(samples: Iterable[tuple[str, dict[str, str], float]], history: Hist
             **{k: _finite(v) for k, v in figures.items() if v is not None},
             "in_words": in_words(figures),
             "advice": advice_in_words(dev, figures),
+            **dict(zip(("input", "input_warn"), input_in_words(figures, inputs), strict=True)),
             "history": [[p.time, *p.devices[dev]] for p in points if dev in p.devices],
         }
         for dev, figures in sorted(devices.items(), key=lambda kv: (kv[0] == "cpu", kv[0]))

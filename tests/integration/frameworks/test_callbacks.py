@@ -36,6 +36,8 @@ from memexporter import exporter as mx_exporter
 from memexporter.tracking.modules import active_handles, hook_errors
 from tests.support.callback_trainers import (
     BATCH,
+    D_IN,
+    D_OUT,
     HF_ACCUM,
     HF_EPOCHS,
     HF_EVAL_EVERY,
@@ -49,6 +51,7 @@ from tests.support.callback_trainers import (
     L_VAL_EVERY,
     L_VAL_ROWS,
     MARKS,
+    SEQ,
     MiB,
     hf_args,
     hf_dataset,
@@ -173,6 +176,9 @@ def test_lightning_callback_steps_phases_and_peaks(tmp_path: Path, clean: None, 
     # Steps: the trainer's global step at every boundary, and at the end.
     assert [int(s.need("memexporter_steps_total")) for _, _, s in probe.steps] == [g for g, _, _ in probe.steps]
     assert got.need("memexporter_steps_total") == trainer.global_step
+    # The step's input: the batch the callback is handed, [x (4 x 16), y (4 x 4)]; its length, x's dim 1.
+    assert got.need("memexporter_step_input_elements_max") == BATCH * (D_IN + D_OUT)
+    assert got.need("memexporter_step_input_max_length") == D_IN
 
     # Phases: the sanity check plus 3 validations an epoch (batches 4, 8, 12).
     assert module.val_loops == 1 + L_EPOCHS * (L_TRAIN_ROWS // BATCH // L_VAL_EVERY)
@@ -267,6 +273,10 @@ def test_transformers_callback_steps_phases_and_peaks(tmp_path: Path, clean: Non
 
     assert [int(s.need("memexporter_steps_total")) for _, _, s in probe.steps] == [g for g, _, _ in probe.steps]
     assert got.need("memexporter_steps_total") == state.global_step
+    # The step's input, from the tracked model's forward: model(input_ids=, labels=), each 4 x 16, and the
+    # Trainer's num_items_in_batch, a 0-d tensor in recent transformers (one element).
+    assert got.need("memexporter_step_input_elements_max") in (2 * BATCH * SEQ, 2 * BATCH * SEQ + 1)
+    assert got.need("memexporter_step_input_max_length") == SEQ
     assert got.need("memexporter_phase_completed_total", phase="train") == state.global_step
     assert probe.evaluations == state.global_step // HF_EVAL_EVERY
     assert got.need("memexporter_phase_completed_total", phase="eval") == probe.evaluations

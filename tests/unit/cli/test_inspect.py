@@ -73,3 +73,13 @@ def test_a_document_from_before_the_committed_figures_still_reads() -> None:
         del doc["oom"]["cuda:0"][key]
     text = render(doc, 5)
     assert "advice:" not in text and "4.8 GiB  4.8 GiB" in " ".join(text.split("\n"))
+
+
+def test_the_largest_input_that_fits_is_one_line_beside_the_advice() -> None:
+    doc = dump()
+    line = "the largest input that fits: 2,668 elements (667 long at batch 4); seen 1,280; declared 4,096: will not fit"
+    doc["input"] = {"largest_elements": 1280, "capacity": {"cuda:0": {"elements": 2668.0, "text": line}}}
+    lines = render(doc, 5).splitlines()
+    assert lines[1:3] == [f"advice: {ADVICE}", f"input: cuda:0: {line}"]
+    doc["input"] = None  # no input measured (an exporter from before it, or no step yet): nothing said
+    assert "input:" not in render(doc, 5)

@@ -84,3 +84,23 @@ def test_svg_writes_the_snapshot_with_the_rank_that_does_not_answer(
     assert capsys.readouterr().out == f"memexporter top: wrote {tmp_path / 'top.svg'}\n"
     svg = (tmp_path / "top.svg").read_text()
     assert svg.startswith("<svg") and "not&#160;answering" in svg
+
+
+def test_the_largest_input_that_fits_is_one_line_per_rank_and_device_red_when_it_warns() -> None:
+    from rich.console import Console
+
+    from memexporter.cli.top import input_lines, render
+
+    fits = doc("0", 10, 100, None)
+    fits["devices"][0].update(input="the largest input that fits: 9,000 elements; seen 1,280", input_warn=False)
+    over = doc("1", 10, 100, None)
+    line = "the largest input that fits: 2,668 elements (667 long at batch 4); seen 1,280; declared 4,096: will not fit"
+    over["devices"][0].update(input=line, input_warn=True)
+    board = Board([Rank("a", doc=fits), Rank("b", doc=over), Rank("c", doc=doc("2", 10, 100, None))])
+    assert input_lines(board) == [
+        ("rank 0 cuda:0: the largest input that fits: 9,000 elements; seen 1,280", False),
+        (f"rank 1 cuda:0: {line}", True),
+    ]
+    console = Console(record=True, width=200)
+    console.print(render(board))
+    assert f"rank 1 cuda:0: {line}" in console.export_text()

@@ -83,6 +83,7 @@ BAD_BY_PARSER: dict[str, tuple[object, str | None]] = {
     "window": (7, "100001"),
     "non_negative": (-1, "minus one"),
     "positive": (0, "0"),
+    "opt_positive": (0, "-5"),
     "networks": ("10.0.0.0/33", "10.0.0.0/8, not-a-network"),
     "opt_dir": (str(_A_FILE / "dumps"), str(_A_FILE)),  # under a file: can never be a directory
     "fraction": (0, "1.5"),

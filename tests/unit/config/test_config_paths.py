@@ -98,6 +98,7 @@ GOOD: dict[str, tuple[Any, str, Any]] = {
     "memory_limit_bytes": (1 << 30, str(1 << 30), 1 << 30),
     "leak_window": (64, "64", 64),
     "warmup_steps": (3, "3", 3),
+    "max_input_elements": (4096, "4096", 4096),
     "auto_step": (False, "0", False),
     "module_depth": (1, "1", 1),
     "max_modules": (5, "5", 5),
@@ -178,6 +179,9 @@ EFFECTS: dict[str, Effect] = {
     "memory_limit_bytes": lambda exp, name, expected: Scrape(exp.sources).views["cpu"].limit == expected,
     "leak_window": _tracker,
     "warmup_steps": _tracker,
+    "max_input_elements": lambda exp, name, expected: (
+        exp.registry.get_sample_value("memexporter_input_declared_max_elements", {"rank": "0"}) == expected
+    ),
     "auto_step": _auto,
     "auto_track": _auto,
     "module_depth": _rows,

@@ -60,6 +60,6 @@ def test_overview_reads_the_run_and_drills_into_ranks_on_request() -> None:
     # The ranks are in a row collapsed by default: Grafana runs none of its queries until it is opened.
     assert row["collapsed"] is True
     assert dash["panels"][-1] is row
-    assert len(row["panels"]) == 15 and all(
+    assert len(row["panels"]) == 16 and all(
         "memexporter_run_info" in t["expr"] for p in row["panels"] for t in p["targets"]
     )

@@ -194,3 +194,23 @@ def test_stale_temporary_files_are_removed_at_start(tmp_path: Path, dead_pid: in
     exp = memexporter.start(http=False, oom_dump_dir=str(dumps))
     assert exp.diagnostics is not None and exp.diagnostics.premortem is not None
     assert sorted(p.name for p in dumps.iterdir()) == sorted(n for n, (_, removed) in files.items() if not removed)
+
+
+def test_a_premortem_after_the_largest_input_so_far_says_so_and_holds_the_input(tmp_path: Path) -> None:
+    loop, premortem = near_oom(tmp_path)
+    log = loop.tracker.inputs
+    for elements in (1000, 4096):
+        log.note(elements, elements // 4, 4)
+        loop.host.value = replace(loop.host.value, rss=int(0.5e10))  # far from the limit: nothing due yet
+        loop.run(1)
+    assert premortem.path is None
+    loop.host.value = replace(loop.host.value, rss=int(0.96 * 1e10), available=int(0.03 * 1e10))
+    log.note(6000, 1500, 4)  # the step that takes it to 97 % was given the largest input so far
+    tick(loop, premortem)
+    assert premortem.reason is not None and premortem.reason.endswith(
+        "; after the largest input so far: 6,000 elements (the largest before it: 4,096)"
+    )
+    assert premortem.path is not None
+    doc = json.loads(Path(premortem.path).read_text())
+    assert doc["input"]["largest_elements"] == 6000 and doc["input"]["largest_length"] == 1500
+    assert doc["input"]["before_largest_elements"] == 4096 and doc["input"]["capacity"] == {}  # 3 steps: no claim

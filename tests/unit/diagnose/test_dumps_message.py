@@ -84,3 +84,22 @@ def test_room_left_by_the_allocators_count_points_outside_it() -> None:
     cuda = FakeCuda(stats={0: stats}, fraction=(limit + 0.5) / H200_TOTAL, total=H200_TOTAL, free=120 * GiB)
     text = what_ran_out(sources(cuda, FakeNvml()), 0, 32 << 20, 1 << 20)
     assert "limit (memory fraction 0.043) of cuda:0 has 96.0 MiB left by the allocator's count, more than asked" in text
+
+
+def test_an_oom_on_the_largest_input_so_far_says_so_with_the_largest_before_it() -> None:
+    from memexporter.tracking.steps import StepTracker
+    from tests.support.fakes import FakeHost
+
+    src = job("trace-native-8mib")
+    tracker = StepTracker(src.allocator, FakeHost(), 64, 0, host_peak=lambda: 0)  # type: ignore[attr-defined]
+    src = sources(src.allocator, FakeNvml(), steps=tracker)  # type: ignore[attr-defined]
+    for elements in (1000, 4096, 2000):  # completed steps: the largest 4,096
+        tracker.inputs.note(elements, elements // 4, 4)
+        tracker.step()
+    tracker.inputs.note(3000, 750, 4)  # a step given less than the largest: the message is as before
+    assert "input" not in what_ran_out(src, 0, 20 << 20, 120 * GiB)
+    tracker.inputs.note(5120, 1280, 4)  # the open step's input is the largest so far
+    assert what_ran_out(src, 0, 20 << 20, 120 * GiB).endswith(
+        "would likely recover the stranded 1.2 GiB; on the largest input so far: 5,120 elements "
+        "(the largest before it: 4,096)"
+    )

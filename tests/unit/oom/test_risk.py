@@ -95,6 +95,14 @@ def test_a_fast_leak_below_80_percent_is_no_risk() -> None:
     assert _judge(rig) is None
 
 
+def test_a_leak_whose_eta_is_under_a_minute_is_a_forecast_at_any_level() -> None:
+    rig = make_rig()
+    _steps(rig, 60, base=100, excursion=20, leak=10, dt=1.0)  # 10 MiB/s: 720 MiB at 70 %, the OOM 30 s away
+    r = _judge(rig)
+    assert r is not None and (r.reason, r.phase) == ("forecast", "step")
+    assert r.peak_bytes / r.limit_bytes < 0.8 and r.eta_seconds < risk.ETA_ALONE_S
+
+
 def test_an_evaluation_above_97_percent_is_headroom_while_the_steps_are_low() -> None:
     rig = make_rig()
     _steps(rig, 20, base=400, excursion=100)

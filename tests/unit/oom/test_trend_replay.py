@@ -10,24 +10,32 @@ fired 0.08 s ahead or never; a 32 MiB/step leak never had a finite ETA.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
 import pytest
 
-from tests.support.replay import Replay, load_trace, replay
+from tests.support.replay import Replay, Trace, load_trace, replay
 
 EIGHT_MIB = ["trace-native-8mib", "trace-expandable-8mib", "trace-async-8mib"]
 # The four replays are a module fixture (~8 CPU-s): one worker replays them once.
 pytestmark = [pytest.mark.slow(seconds=40), pytest.mark.xdist_group("trend_replay")]
 
 
+def every_other_step_dropped(trace: Trace) -> Trace:
+    """The native 8 MiB trace with every other step dropped, at the same 30 steps/s: 16 MiB a step (issue 41)."""
+    rows = [{**r, "t": trace.rows[i]["t"], "step": trace.rows[i]["step"]} for i, r in enumerate(trace.rows[::2])]
+    return dataclasses.replace(trace, name="trace-native-16mib-dropped", rows=rows, leak_mib=2 * trace.leak_mib)
+
+
 @pytest.fixture(scope="module")
 def replays() -> dict[str, Replay]:
     out = {}
-    for name in [*EIGHT_MIB, "trace-native-32mib"]:
+    traces = [load_trace(name) for name in [*EIGHT_MIB, "trace-native-32mib"]]
+    for trace in [*traces, every_other_step_dropped(traces[0])]:
         with pytest.MonkeyPatch.context() as mp:
-            out[name] = replay(load_trace(name), mp)
+            out[trace.name] = replay(trace, mp)
     return out
 
 
@@ -93,3 +101,15 @@ def test_stranded_memory_is_named_with_its_remedy_long_before_the_oom(replays: d
     # Expandable segments and cudaMallocAsync: the remedy does not apply, no series at all.
     for name in ("trace-expandable-8mib", "trace-async-8mib"):
         assert all(math.isnan(m.recoverable) for m in replays[name].moments)
+
+
+def test_a_fast_leak_fires_on_its_eta_alone_at_least_4_s_before_the_oom(replays: dict[str, Replay]) -> None:
+    # 16 MiB a step at 30 steps/s: the ETA is finite and right ~8 s ahead, while the committed peak stays
+    # under 80 % of the limit until ~1.5 s before the OOM. The ETA alone (under ETA_ALONE_S) fires.
+    r = replays["trace-native-16mib-dropped"]
+    first = r.first_finite_eta
+    assert first is not None and r.left(first) >= 6.0
+    assert r.lead is not None and r.lead >= 4.0, f"on_oom_risk ran {r.lead} s ahead"
+    risk = r.fired[0][1]
+    assert risk.reason == "forecast" and risk.peak_bytes / risk.limit_bytes < 0.5  # the level gate was shut
+    assert risk.eta_seconds == pytest.approx(r.trace.oom_at - r.fired[0][0], rel=0.15)

@@ -35,15 +35,19 @@ CONTRACT_ALERTS = (
     "MemexporterRankImbalance",
     "MemexporterCollectorFailing",
 )
-# Additions to the contract (DESIGN.md allows new alerts): issue 9's fatal OOM, issue 23's stalled run.
-ADDED_ALERTS = ("MemexporterFatalOOMSuspected", "MemexporterTrainingStalled")
+# Additions to the contract (DESIGN.md allows new alerts): issue 9's fatal OOM, issue 23's stalled run,
+# issue 41's input over capacity.
+ADDED_ALERTS = ("MemexporterFatalOOMSuspected", "MemexporterTrainingStalled", "MemexporterInputOverCapacity")
 # The alerts that page (the critical severity parameter); every other one is a warning.
 PAGING_ALERTS = ("MemexporterOOMImminent", "MemexporterTrainingStalled")
 # Alerts about a rank, not a device: their series have no device label.
 RANK_ALERTS = ("MemexporterCollectorFailing", "MemexporterTrainingStalled")
 ALL_ALERTS = CONTRACT_ALERTS + ADDED_ALERTS
 # One rank against its peers: a cause of its own, never shared by the whole run.
-NO_RUN_TWIN = ("MemexporterRankImbalance",)
+NO_RUN_TWIN = ("MemexporterRankImbalance", "MemexporterInputOverCapacity")
+# Two rules of one name, one severity each (the kubernetes-mixin's volume alerts): critical when the declared
+# largest input does not fit, warning when the largest seen nears the capacity (rules/inputs.py).
+TWO_SEVERITIES = ("MemexporterInputOverCapacity",)
 SCOPED = [(name, "rank") for name in ALL_ALERTS] + [(name, "run") for name in ALL_ALERTS if name not in NO_RUN_TWIN]
 # The rules may read any series in the spec table (the single source of truth), their own records,
 # and Prometheus' own `up` (MemexporterFatalOOMSuspected tells a dead target from a failing collector).
@@ -105,7 +109,8 @@ def test_contract_alerts_exist_and_nothing_else() -> None:
     assert sorted(ALERTS) == sorted(ALL_ALERTS)
     assert sorted(RUN_ALERTS) == sorted(set(ALL_ALERTS) - set(NO_RUN_TWIN))
     scoped = [(r["alert"], r["labels"]["scope"]) for r in load(DEFAULT) if "alert" in r]
-    assert sorted(scoped) == sorted(SCOPED), "one alert per name and scope"
+    twice = [(name, "rank") for name in TWO_SEVERITIES]
+    assert sorted(scoped) == sorted(SCOPED + twice), "one alert per name and scope (two: one per severity)"
     # Each run alert follows its rank twin: the file reads as pairs.
     for i, (name, scope) in enumerate(scoped):
         assert scope == "rank" or scoped[i - 1] == (name, "rank"), f"{name}: its run alert is not after its rank alert"
@@ -193,6 +198,19 @@ def test_rules_read_only_exported_metrics_or_their_own_records(preset: str) -> N
                 used |= metric_names(query)
         unknown = used - RULE_INPUTS - records
         assert not unknown, f"{name} reads {sorted(unknown)}: not an exported metric nor a recording rule"
+
+
+def test_input_over_capacity_is_critical_for_the_declared_input_and_a_warning_for_the_seen() -> None:
+    both = [r for r in load(DEFAULT) if r.get("alert") == "MemexporterInputOverCapacity"]
+    assert [(r["labels"]["severity"], "declared" in r["expr"]) for r in both] == [
+        ("critical", True),
+        ("warning", False),
+    ]
+    assert ">= 0.9" in both[1]["expr"] and both[0]["for"] == both[1]["for"] == "5m"
+    downgraded = rules.render_config(dataclasses.replace(rules.RulesConfig(), critical_severity="warning"))
+    assert {r["labels"]["severity"] for r in load(downgraded) if r.get("alert") == "MemexporterInputOverCapacity"} == {
+        "warning"
+    }
 
 
 def test_recording_rules_are_named_level_metric_operation() -> None:

@@ -110,3 +110,24 @@ def test_the_page_names_stranded_memory_and_its_remedy() -> None:
     )
     samples[-1] = ("memexporter_allocator_recoverable_bytes", labels, 0.0)
     assert document(samples, None)["devices"][0]["advice"] is None
+
+
+def test_the_page_says_the_largest_input_that_fits_in_one_line() -> None:
+    # Issue 41's example: input_ids of batch 4; 2,668 elements fit, 1,280 (length 320) seen, 4,096 declared.
+    rank, dev = {"rank": "0"}, {"rank": "0", "device": "cuda:0"}
+    samples = [
+        ("memexporter_memory_used_bytes", dev, 4.8 * GiB),
+        ("memexporter_input_capacity_elements", dev, 2668.0),
+        ("memexporter_step_input_elements_max", rank, 1280.0),
+        ("memexporter_step_input_max_length", rank, 320.0),
+        ("memexporter_step_input_max_batch", rank, 4.0),
+        ("memexporter_input_declared_max_elements", rank, 4096.0),
+    ]
+    cuda = document(samples, None)["devices"][0]
+    assert cuda["input"] == (
+        "the largest input that fits: 2,668 elements (667 long at batch 4); seen 1,280; declared 4,096: will not fit"
+    )
+    assert cuda["input_warn"] is True
+    undeclared = document(samples[:-1], None)["devices"][0]
+    assert undeclared["input"].endswith("seen 1,280") and undeclared["input_warn"] is False
+    assert document(samples[:1], None)["devices"][0]["input"] is None  # no capacity claimed: nothing said

@@ -1,0 +1,143 @@
+"""The largest input that fits (oom/capacity.py, collectors/inputs.py, the "input" reason of oom/risk.py),
+on a stand-in allocator whose step peak follows the input by a known law (tests/support/input_standin.py):
+a minute of steps through the real step tracker, detail pacing, collectors and judge."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from memexporter.oom.capacity import CapacityGates, InputPoints, InputSnapshot, capacity
+from memexporter.oom.risk import Thresholds, judge
+from tests.support.fakes import GiB, MiB
+from tests.support.input_standin import LEVEL, Law, Standin, linear_in_batch, run_standin, square_in_length
+
+NOISE = 4 * MiB  # about 1 % of the largest excursion: allocator rounding and odd tensors
+LABELS = {"rank": "3", "device": "cuda:0"}
+
+
+def by_batch(rng: random.Random) -> tuple[int, int]:
+    return rng.randint(1, 8), 256  # batch 1-8 at length 256: the largest input seen is 2 048 elements
+
+
+def by_length(rng: random.Random) -> tuple[int, int]:
+    return 4, rng.randint(64, 512)  # lengths 64-512 at batch 4: the largest is 2 048 elements too
+
+
+def limit_for(law: Law, elements: float, per_length: float) -> int:
+    """The limit at which an input of ``elements`` (the job's mix) is exactly the capacity."""
+    return int(LEVEL + law(elements, elements / per_length))
+
+
+def series(s: Standin, name: str, **config: object) -> float | None:
+    return s.registry(**config).get_sample_value(f"memexporter_{name}", LABELS)
+
+
+@pytest.mark.slow(seconds=6)
+@pytest.mark.parametrize(
+    ("law", "shapes", "per_length"), [(linear_in_batch, by_batch, 256.0), (square_in_length, by_length, 4.0)]
+)
+@pytest.mark.parametrize("beyond", [2.0, 3.5, 5.0])
+def test_the_capacity_is_within_10_percent_when_the_truth_lies_2_to_5x_beyond(
+    law: Law, shapes: object, per_length: float, beyond: float
+) -> None:
+    limit = limit_for(law, beyond * 2048, per_length)
+    s = run_standin(law, shapes, limit, seconds=60.0, spike_every=37, noise=NOISE, seed=int(beyond))  # type: ignore[arg-type]
+    got, truth = series(s, "input_capacity_elements"), s.truth(law)
+    largest = max(e for e, _, _ in s.sizes)
+    assert 0.95 * beyond <= truth / largest <= 1.05 * beyond
+    assert got is not None and got == pytest.approx(truth, rel=0.10), f"capacity {got}, truth {truth:.0f}"
+    # The marginal cost at the largest input seen: the law's slope there, along the job's mix.
+    slope = (law(largest * 1.01, largest * 1.01 / per_length) - law(largest, largest / per_length)) / (largest * 0.01)
+    assert series(s, "input_bytes_per_element") == pytest.approx(slope, rel=0.10)
+    assert series(s, "input_declared_max_elements") is None
+    assert s.registry().get_sample_value("memexporter_step_input_elements_max", {"rank": "3"}) == largest
+
+
+@pytest.mark.slow(seconds=3)
+@pytest.mark.parametrize(
+    "shapes", [lambda rng: (4, 256), lambda rng: (4, rng.randint(250, 262))], ids=["one shape", "close sizes"]
+)
+def test_without_spread_in_the_inputs_there_is_no_capacity_and_no_warning(shapes: object) -> None:
+    s = run_standin(linear_in_batch, shapes, 8 * GiB, noise=NOISE)  # type: ignore[arg-type]
+    assert series(s, "input_capacity_elements") is None and series(s, "input_bytes_per_element") is None
+    assert s.registry().get_sample_value("memexporter_step_input_elements", {"rank": "3"}) is not None
+    src = s.sources(max_input_elements=10**9)  # a declared maximum far beyond anything: still nothing to say
+    assert judge(src, Thresholds()) is None
+
+
+@pytest.mark.slow(seconds=3)
+def test_a_declared_maximum_beyond_the_capacity_fires_within_seconds_and_one_within_never() -> None:
+    limit = limit_for(square_in_length, 5 * 2048, 4.0)  # the truth: 10 240 elements
+    over: list[int] = []  # the seconds at which the judge sees a risk in a declared 8 000: none, ever
+
+    def judged(s: Standin) -> None:
+        if judge(s.sources(max_input_elements=8_000), Thresholds()) is not None:
+            over.append(int(s.clock[0]))
+
+    s = run_standin(square_in_length, by_length, limit, seconds=15.0, noise=NOISE, each_second=judged)  # 150 steps
+    assert over == []
+    assert max(s.steps_peak_fullness()) < 0.4  # long before any step nears the limit
+    risk = judge(s.sources(max_input_elements=16_000), Thresholds())
+    assert risk is not None and risk.reason == "input" and risk.device == "cuda:0"
+    assert "will not fit" in risk.detail and "declared 16,000" in risk.detail and "seen 2,048" in risk.detail
+    assert "OOM risk on cuda:0 (input: the largest input that fits: " in risk.describe()
+    assert judge(s.sources(max_input_elements=8_000), Thresholds()) is None
+    assert (
+        s.registry(max_input_elements=8_000).get_sample_value("memexporter_input_declared_max_elements", {"rank": "3"})
+        == 8_000
+    )
+
+
+@pytest.mark.slow(seconds=3)
+def test_the_largest_input_seen_within_10_percent_of_the_capacity_warns() -> None:
+    def law(elements: float, length: float) -> float:  # the input's share dominates: no headroom alarm first
+        return 64 * MiB + 512 * 1024 * elements
+
+    limit = limit_for(law, 2048 / 0.92, 256.0)  # the largest seen is 92 % of the capacity
+    s = run_standin(law, by_batch, limit, seconds=10.0, noise=NOISE)
+    assert max(s.steps_peak_fullness()) < 0.97
+    risk = judge(s.sources(), Thresholds())
+    assert risk is not None and risk.reason == "input" and "within 10% of it" in risk.detail
+
+
+def _points(sizes: list[float], peak: float) -> tuple[InputPoints, InputSnapshot]:
+    n = len(sizes)
+    points = InputPoints(tuple(sizes), (16.0,) * n, tuple(peak + 100_000 * e for e in sizes), (1,) * n, (1,) * n)
+    return points, InputSnapshot(int(sizes[-1]), int(max(sizes)), 16, int(max(sizes)) // 16, 0, {})
+
+
+def test_the_gates_say_what_a_fit_needs() -> None:
+    gates = CapacityGates()
+    sound = [100.0, 120.0, 150.0, 100.0, 120.0, 150.0, 100.0, 150.0]
+    assert capacity("cuda:0", *_points(sound, GiB), (1, 0.0, 0.0), 2 * GiB, None, gates) is not None
+    for few in (sound[:7], [100.0, 150.0] * 4, [100.0, 110.0, 140.0] * 3):  # 7 points; 2 sizes; spread 1.4
+        assert capacity("cuda:0", *_points(few, GiB), (1, 0.0, 0.0), 2 * GiB, None, gates) is None
+
+
+@pytest.mark.slow(seconds=4)
+def test_a_variable_length_trace_in_the_gpu_recorders_format_replays_to_its_capacity() -> None:
+    # tests/cuda/record_lengths.py's columns, synthesised on the H200's recorded native answers: 4 GiB of
+    # weights and state, a step peak of 256 MiB + 48 KiB an element + 64 B x elements x length at batch 4,
+    # lengths 64-512 at 30 steps/s for a minute; the truth: 5 x the largest input seen.
+    import dataclasses as dc
+
+    from tests.support.replay import load_trace, replay
+
+    base = load_trace("trace-native-8mib")
+    first, level, rng, peak = base.rows[0], 4 * GiB, random.Random(0), 0.0
+    rows = []
+    for i in range(1800):
+        length = 512 if i == 100 else rng.randint(64, 512)
+        top = level + square_in_length(4 * length, length)
+        peak = max(peak, top)
+        row = {**first, "t": i / 30, "step": i, "allocated_bytes.all.current": level, "allocated_bytes.all.peak": peak}
+        rows.append(
+            {**row, "input_elements": 4 * length, "input_length": length, "input_batch": 4, "forward_allocated": top}
+        )
+    limit = level + square_in_length(5 * 2048, 5 * 2048 / 4)
+    trace = dc.replace(base, name="trace-lengths-synthetic", rows=rows, limit=int(limit), leak_mib=0)
+    with pytest.MonkeyPatch.context() as mp:
+        got = replay(trace, mp, scrape_every=10.0).moments[-1].capacity
+    assert got == pytest.approx(5 * 2048, rel=0.10)
