@@ -50,6 +50,7 @@ INPUT_SPECS: tuple[MetricSpec, ...] = (
         labels=DEVICE,
         collector="inputs",
         otel="memexporter.input.capacity_elements",
+        needs="step inputs of 3 or more sizes, 1.5x apart or more, whose step peak follows them",
     ),
     _g(
         "input_bytes_per_element",
@@ -59,6 +60,7 @@ INPUT_SPECS: tuple[MetricSpec, ...] = (
         collector="inputs",
         otel="memexporter.input.bytes_per_element",
         detail=True,
+        needs="step inputs of 3 or more sizes, 1.5x apart or more, whose step peak follows them",
     ),
     _g(
         "input_declared_max_elements",
@@ -67,5 +69,6 @@ INPUT_SPECS: tuple[MetricSpec, ...] = (
         labels=RANK,
         collector="inputs",
         otel="memexporter.input.declared_max_elements",
+        needs="max_input_elements declared",
     ),
 )

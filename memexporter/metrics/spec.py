@@ -54,15 +54,16 @@ class SemConv:
 class MetricSpec:
     """One exported metric family.
 
-    ``name`` is the full exposition name (counters include ``_total``); ``unit`` is the base unit
-    (``bytes``, ``seconds``, ``ratio``...) or ``""``; ``help`` says where the value comes from.
-    ``cuda_only`` marks series that exist only when a CUDA device is in use, ``sharded_only`` those
-    that exist only for a tracked model with sharded (DTensor) parameters, ``detail`` those that
-    only the detail ranks export once a run has 64 ranks or more (``collectors/fleet.py``: module rows, and
-    figures that are diagnostic or derivable from the core set). ``otel_name`` and
-    ``otel_unit`` (UCUM) name the OpenTelemetry instrument (an observable counter for a counter, an
-    observable gauge otherwise) so that otlptranslator's names give back ``name``; ``semconv`` adds
-    a semantic-convention instrument with the same value.
+        ``name`` is the full exposition name (counters include ``_total``); ``unit`` is the base unit
+        (``bytes``, ``seconds``, ``ratio``...) or ``""``; ``help`` says where the value comes from.
+        ``cuda_only`` marks series that exist only when a CUDA device is in use, ``sharded_only`` those
+        that exist only for a tracked model with sharded (DTensor) parameters, ``needs`` says in words when
+    any other conditional one exists (a plain CPU job without it has none of it), ``detail`` those that
+        only the detail ranks export once a run has 64 ranks or more (``collectors/fleet.py``: module rows, and
+        figures that are diagnostic or derivable from the core set). ``otel_name`` and
+        ``otel_unit`` (UCUM) name the OpenTelemetry instrument (an observable counter for a counter, an
+        observable gauge otherwise) so that otlptranslator's names give back ``name``; ``semconv`` adds
+        a semantic-convention instrument with the same value.
     """
 
     name: str
@@ -77,6 +78,7 @@ class MetricSpec:
     semconv: SemConv | None = None
     sharded_only: bool = False  # exported only for a tracked model with DTensor parameters
     detail: bool = False  # at world >= 64, only the detail ranks export it (memexporter/collectors/fleet.py)
+    needs: str = ""  # exported only when this holds (in words); "": whenever its collector runs
 
     def family(self) -> GaugeMetricFamily | CounterMetricFamily:
         """A fresh, empty Prometheus family for this spec (built anew on every scrape)."""
@@ -99,9 +101,22 @@ def _g(
     semconv: SemConv | None = None,
     sharded: bool = False,
     detail: bool = False,
+    needs: str = "",
 ) -> MetricSpec:
     return MetricSpec(
-        f"memexporter_{name}", "gauge", unit, help, labels, collector, otel, cuda, UCUM[unit], semconv, sharded, detail
+        f"memexporter_{name}",
+        "gauge",
+        unit,
+        help,
+        labels,
+        collector,
+        otel,
+        cuda,
+        UCUM[unit],
+        semconv,
+        sharded,
+        detail,
+        needs,
     )
 
 

@@ -12,7 +12,7 @@ PHASE_SPECS: tuple[MetricSpec, ...] = (
     _g(
         "phase_peak_bytes",
         unit="bytes",
-        help="Highest used during the last completed occurrence of the phase: the lifetime high-water mark when it rose during the phase (exact; cuda: allocated_bytes.all.peak, cpu: ru_maxrss), otherwise the highest sample taken at its boundaries and inside it (a lower bound). Peak stats are never reset.",
+        help="Highest used during the last completed occurrence of the phase: the lifetime high-water mark when it rose during the phase (exact; cuda: allocated_bytes.all.peak, cpu: the process's own RSS high-water mark, VmHWM), otherwise the highest sample taken at its boundaries and inside it (a lower bound). Peak stats are never reset.",
         labels=DEVICE_PHASE,
         collector="phases",
         otel="memexporter.phase.peak",

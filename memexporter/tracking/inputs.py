@@ -28,8 +28,6 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-import torch
-
 from memexporter.oom.capacity import InputPoints, InputSnapshot
 
 __all__ = ["InputLog", "InputPoints", "InputSnapshot", "measure", "note_call"]
@@ -43,19 +41,28 @@ MIN_RISE = 1 << 20
 MAX_ITEMS = 32
 """Items looked at in one container (a list of images): the hook's cost stays bounded."""
 
-_Tensor = torch._C.TensorBase  # every tensor (Parameter, subclasses) derives from it
+_Tensor: Any = None  # torch._C.TensorBase, on the first measure: importing memexporter needs no torch
+
+
+def _tensor_base() -> Any:
+    global _Tensor
+    import torch
+
+    _Tensor = torch._C.TensorBase  # every tensor (Parameter, subclasses) derives from it
+    return _Tensor
 
 
 def measure(args: Iterable[Any], kwargs: dict[str, Any] | None = None) -> tuple[int, int, int]:
     """``(elements, length, batch)`` of a call's arguments (module docstring); length and batch 0
     when no tensor has 2 dimensions. Written for the hook's budget: ``isinstance`` against the C base
     class (``torch.Tensor``'s metaclass check costs several times more), ``ndim`` and ``shape``."""
+    base = _Tensor or _tensor_base()
     elements = top = batch = length = 0
     for group in (args, kwargs.values()) if kwargs else (args,):
         for n, v in enumerate(group):
             if n >= MAX_ITEMS:
                 break
-            if isinstance(v, _Tensor):
+            if isinstance(v, base):
                 items: Iterable[Any] = (v,)
             elif isinstance(v, (tuple, list)):
                 items = v
@@ -66,7 +73,7 @@ def measure(args: Iterable[Any], kwargs: dict[str, Any] | None = None) -> tuple[
             for k, t in enumerate(items):
                 if k >= MAX_ITEMS:
                     break
-                if isinstance(t, _Tensor):
+                if isinstance(t, base):
                     e = t.numel()
                     elements += e
                     if e > top and t.ndim >= 2:
@@ -174,7 +181,7 @@ def note_call(args: Any, kwargs: dict[str, Any] | None) -> None:
     if log is None:
         return
     try:
-        if not kwargs and len(args) == 1 and isinstance(v := args[0], _Tensor):
+        if not kwargs and len(args) == 1 and isinstance(v := args[0], _Tensor or _tensor_base()):
             e = v.numel()
             if e > log.elements:
                 shape = v.shape if v.ndim >= 2 else (0, 0)

@@ -8,8 +8,8 @@ lifetime high-water mark through the step tracker (one RSS read on CPU, one allo
 per CUDA device), which also serves as a step-peak sample.
 
 A phase's peak never resets the user's peak statistics. When the lifetime high-water mark
-(``allocated_bytes.all.peak`` on CUDA, ``ru_maxrss`` on CPU) rose during the phase, the phase's
-peak *is* the new mark: exact. Otherwise it is the highest sample taken at its boundaries and
+(``allocated_bytes.all.peak`` on CUDA, the process's own RSS mark on CPU: ``backends/highwater.py``)
+rose during the phase, the phase's peak *is* the new mark: exact. Otherwise it is the highest sample taken at its boundaries and
 inside it (step-peak samples, the end of a tracked forward): a lower bound. On CPU the RSS sees
 what the C allocator keeps mapped, not what tensors hold.
 

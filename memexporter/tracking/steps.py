@@ -5,8 +5,8 @@ At each boundary (an optimizer step, or ``memexporter.step()``) the tracker read
 bounded ``TrendWindow`` per device. The scrape thread only copies those windows under a short lock.
 
 The per-step peak never resets the user's peak statistics. It uses the lifetime high-water mark
-(``allocated_bytes.all.peak`` on CUDA, ``ru_maxrss`` on the host): when that rose during the step,
-the step's peak *is* the new high-water mark (exact, and exactly the case that leads to an OOM).
+(``allocated_bytes.all.peak`` on CUDA; on the host the process's own, ``VmHWM`` or ``ru_maxrss``:
+``backends/highwater.py``): when that rose during the step, the step's peak *is* the new high-water mark (exact, and exactly the case that leads to an OOM).
 Otherwise the peak is the highest of the samples taken in the step (boundaries, the optimizer
 pre-step hook, the end of a tracked model's forward): a lower bound.
 
@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import resource
 import statistics
-import sys
 import threading
 import time
 from collections import deque
@@ -38,6 +36,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from memexporter.backends.base import AllocatorSource, HostSource, Reading
+from memexporter.backends.highwater import HighWater
 from memexporter.oom.trend import TrendPoints, TrendWindow
 from memexporter.tracking.detail import DETAIL_EVERY, DETAIL_INTERVAL_S, Detail
 from memexporter.tracking.inputs import InputLog
@@ -53,12 +52,6 @@ _DEVICE_REFRESH_STEPS = 50
 _RHYTHM_STEPS = 33
 Readings: TypeAlias = dict[str, Reading]
 """``{device: Reading(used, lifetime high-water mark, committed)}`` in bytes, read at one instant."""
-
-
-def _host_peak() -> int:
-    # ru_maxrss is KiB on Linux and bytes on macOS. A syscall, no file parsing: cheap per step.
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
 
 
 @dataclass(frozen=True)
@@ -112,11 +105,13 @@ class StepTracker:
         window: int,
         warmup_steps: int,
         clock: Callable[[], float] = time.monotonic,
-        host_peak: Callable[[], int] = _host_peak,
+        host_peak: Callable[[], int] | None = None,
         wall: Callable[[], float] = time.time,
         detail: Detail | None = None,
     ) -> None:
-        self._cuda, self._host, self._clock, self._host_peak, self._wall = cuda, host, clock, host_peak, wall
+        self._cuda, self._host, self._clock, self._wall = cuda, host, clock, wall
+        # The host's mark: the process's own (backends/highwater.py), not one inherited from its launcher.
+        self._host_peak = host_peak if host_peak is not None else HighWater()
         self.detail = detail or Detail()  # which steps take intra-step readings
         self.detailed = True  # the current step takes intra-step readings (the first always does)
         self._sampled = False  # a sample was taken in the current step

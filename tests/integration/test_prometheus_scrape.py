@@ -12,14 +12,29 @@ from tests.support.prometheus import running_prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-# The demo's model is not sharded; the end's rows come only after the job has ended (test_job_end.py).
-CPU_SPECS = [s for s in SPECS if not s.cuda_only and not s.sharded_only and s.collector != "ending"]
+# The demo's model is not sharded; the end's rows come only after the job has ended (test_job_end.py);
+# the demo declares its largest input, and the capacity, which needs inputs of several sizes, is checked
+# where the demo's lengths vary (tests/integration/test_input_capacity_cpu.py).
+DECLARED = 4096
+CPU_SPECS = [
+    s
+    for s in SPECS
+    if not s.cuda_only
+    and not s.sharded_only
+    and s.collector != "ending"
+    and s.needs in ("", "max_input_elements declared")
+]
 
 
 def test_contract_series_are_queryable_in_prometheus() -> None:
     port = free_port()
     with (
-        running_demo(port, *SMALL_MODEL, "--leak-mib-per-step", "2", "--warmup-steps", "5", "--step-interval", "0.1"),
+        running_demo(
+            port,
+            *SMALL_MODEL,
+            *("--leak-mib-per-step", "2", "--warmup-steps", "5", "--step-interval", "0.1"),
+            *("--max-input-elements", str(DECLARED)),
+        ),
         running_prometheus([f"127.0.0.1:{port}"]) as prom,
     ):
         prom.wait_targets_up(timeout=30)

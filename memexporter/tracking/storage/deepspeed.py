@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # importing memexporter needs no torch (tests/integration/test_without_torch.py)
+    import torch
 
 __all__ = ["TESTED", "Unsupported", "absent", "checked", "engine_of", "engine_step", "loaded", "partition"]
 
@@ -82,6 +83,8 @@ def partition(p: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     ``ds_numel`` elements of ``ds_tensor``'s type make the whole parameter."""
     if not hasattr(p, "ds_id"):
         return None
+    import torch
+
     shard = getattr(p, "ds_tensor", None)
     if not isinstance(shard, torch.Tensor):
         raise Unsupported("a ZeRO-3 parameter has no ds_tensor")
