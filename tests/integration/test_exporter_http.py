@@ -13,9 +13,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from prometheus_client.core import GaugeMetricFamily
 
 import memexporter
 from tests.support.web import base, get_answer
@@ -201,3 +203,28 @@ def test_idle_client_does_not_block_tls_scrapes_or_stop(tls_files: tuple[Path, P
         stopper.start()
         stopper.join(timeout=10)
         assert not stopper.is_alive(), "stop() hung behind an idle TLS client"
+
+
+def test_flush_waits_for_a_snapshot_begun_after_it() -> None:
+    """``flush()`` called while a snapshot is being rendered returns only once one rendered after the call
+    is served: it waited on the board's next generation, which that render (begun before) bumped, and a
+    test of the Lightning callback read step 9 after step 10 (a fresh-clone run of 2026-11-28)."""
+    exp = memexporter.start(port=0, addr="127.0.0.1")
+    url = base(exp) + "/metrics"
+    state = {"value": 1.0}
+    rendering = threading.Event()
+
+    class Slow:
+        def collect(self) -> Any:
+            seen = state["value"]
+            rendering.set()
+            time.sleep(0.5)  # the render is under way for half a second, with the value it began with
+            yield GaugeMetricFamily("flush_probe", "state['value'] when the render began", value=seen)
+
+    exp.registry.register(Slow())  # type: ignore[arg-type]
+    assert rendering.wait(10), "no snapshot was rendered"
+    rendering.clear()
+    assert rendering.wait(10)  # a render is under way now, with the old value
+    state["value"] = 2.0
+    assert exp.flush()
+    assert "flush_probe 2.0" in get_answer(url)[2]

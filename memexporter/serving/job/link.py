@@ -78,6 +78,7 @@ class Link(Loop):
         self.supervisor = supervise.Supervisor(supervise.POLICY)
         self._reported = threading.Event()
         self._published = threading.Condition()
+        self._asked = self._answered = 0  # flush() tickets: the last asked, the last a finished publish answered
         self._wake_r, self._wake_w = os.pipe()  # flush() and stop() wake the thread through it
         os.set_blocking(self._wake_w, False)
         self._lock = threading.Lock()  # who starts or ends a helper: the thread (restarts) or stop()
@@ -134,9 +135,12 @@ class Link(Loop):
         if board is None or not self._thread.is_alive() or self._closing:
             return False
         with self._published:
-            target = board.generation + 1
+            # A ticket, not the board's generation: a publish already rendering when flush() was called ends
+            # with generation + 1 but shows the state from before the call (a test read step 9 after step 10).
+            self._asked += 1
+            ticket = self._asked
             self._wake()
-            return self._published.wait_for(lambda: board.generation >= target or self._closing, timeout)
+            return self._published.wait_for(lambda: self._answered >= ticket or self._closing, timeout)
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # a full pipe is awake enough
@@ -165,6 +169,8 @@ class Link(Loop):
         self.record_end(words)
 
     def _publish(self) -> None:
+        with self._published:
+            asked = self._asked  # the flush() calls this publish answers: made before its render starts
         try:
             assert self.board is not None
             self.board.publish(render(self.registry, self.history))
@@ -174,6 +180,7 @@ class Link(Loop):
         except Exception:  # never into training; the last snapshot stays served
             log.debug("memexporter: publishing a snapshot failed", exc_info=True)
         with self._published:
+            self._answered = max(self._answered, asked)
             self._published.notify_all()
 
     def stop(self) -> None:
