@@ -29,6 +29,7 @@ BOUNDS = {
 }
 
 
+@pytest.mark.slow(seconds=40)
 def test_lead_times(tmp_path: Path, record_property: Any) -> None:
     measured = lead_times(REPO_ROOT, {"default": DEFAULT_RULES, "demo": render_preset(tmp_path, "demo")})
     assert [what for what, _ in measured] == list(BOUNDS)

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from memexporter.bootstrap import path as bootstrap_path
 from memexporter.otel import names
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, forkserver
 from tests.support.demo import module_env
 from tests.support.otlp import OtlpHttpReceiver, Received, metrics, points, resource
 from tests.support.otlp_names import families_read_by_shipped_queries, kind_of, label, translate
@@ -138,7 +138,7 @@ def test_memexporter_run_pushes_what_it_serves(tmp_path: Path) -> None:
             }
         )
         with log.open("wb") as out:
-            proc = subprocess.Popen(
+            proc = forkserver.popen(
                 [sys.executable, "-m", "memexporter", "run", str(script), str(tmp_path), str(4 * INTERVAL_MS / 1000)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -247,26 +247,19 @@ def test_an_unreachable_collector_is_one_line_and_training_goes_on(tmp_path: Pat
             "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
         }
     )
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "memexporter",
-            "run",
-            "--port",
-            str(port),
-            "--addr",
-            "127.0.0.1",
-            str(script),
-            str(port),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO_ROOT,
-        check=False,
-    )
+    argv = [
+        sys.executable,
+        "-m",
+        "memexporter",
+        "run",
+        "--port",
+        str(port),
+        "--addr",
+        "127.0.0.1",
+        str(script),
+        str(port),
+    ]
+    out = forkserver.run(argv, env=env, cwd=REPO_ROOT, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "trained and scraped" in out.stdout
     # Nothing else on the job's stderr: no SDK retry warnings, no tracebacks.

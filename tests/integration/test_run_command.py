@@ -129,6 +129,7 @@ def test_environment_bootstrap_starts_the_exporter(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow(seconds=35)
 def test_the_bootstrap_finds_the_model_and_exports_its_rows(tmp_path: Path) -> None:
     # auto_track is on under the bootstrap: no code names the model, its row appears all the same.
     script = tmp_path / "train.py"

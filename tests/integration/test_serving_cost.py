@@ -122,6 +122,7 @@ def test_a_flood_of_every_route_costs_the_job_at_most_100_ms_of_cpu_in_10_s() ->
     assert flooded - quiet <= 0.1, f"the job spent {flooded:.3f} CPU s in 10 s of flood, {quiet:.3f} without"
 
 
+@pytest.mark.slow(seconds=45)
 def test_a_paced_scrape_at_10_per_second_answers_within_20_ms_at_p99_during_training() -> None:
     job = start(JOB, "0", "1")
     try:
