@@ -10,6 +10,7 @@ import resource
 import signal
 import struct
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -86,11 +87,15 @@ def test_a_reader_in_another_thread_sees_only_whole_snapshots(board: tuple[Board
 
     thread = threading.Thread(target=read)
     thread.start()
-    for n in range(1, 400):
+    # Publish until the reader has read during the publishing, 50 times: 400 publishes could all run within
+    # one GIL switch interval, the reader never scheduled (a fresh-clone run read nothing).
+    n, deadline = 0, time.monotonic() + 30
+    while len(seen) < 50 and time.monotonic() < deadline:
+        n += 1
         b.publish({"text": bytes([n % 251]) * (n * 37 % 5000 + 1), "n": str(n).encode()})
     done.set()
     thread.join()
-    assert seen
+    assert len(seen) >= 50, f"the reader read {len(seen)} snapshots during {n} publishes"
     for snap in seen:
         n = int(snap.sections["n"])
         assert snap.sections["text"] == bytes([n % 251]) * (n * 37 % 5000 + 1) and snap.generation == n
