@@ -88,6 +88,7 @@ def start(script: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow(seconds=35)
 def test_a_flood_of_every_route_costs_the_job_at_most_100_ms_of_cpu_in_10_s() -> None:
     job = start(JOB, "0.01", "0")
     client = None

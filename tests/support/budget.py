@@ -32,7 +32,7 @@ from tests.support.schedule import units_of
 TIMED_S = 10.0  # the units whose pace sets the machine's: long enough to be measured well
 MIN_TIMED = 5
 FACTOR = 3.0
-FLOOR_S = 30.0
+FLOOR_S = 45.0  # a test whose time swings x2 from run to run (a trace replay: 23 s, then 52 s) is no drift
 KEY = "memexporter_plan"
 
 
