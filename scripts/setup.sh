@@ -80,7 +80,10 @@ else
   PYTHONWARNINGS="ignore:Editable installation" "$VPY" -m pip install -q --no-compile -e ".$extras"
   # The bytecode, on every core: pip compiles one file at a time (30 of torch's 43 s here), compileall
   # -j 0 the whole venv in about 5 s. A file that does not compile is skipped, as pip skips it.
-  "$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
+  # MEMEXPORTER_SETUP_COMPILE=0 leaves it to the caller: the test command compiles beside its lint.
+  if [[ "${MEMEXPORTER_SETUP_COMPILE:-1}" != "0" ]]; then
+    "$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
+  fi
   echo "$hash ${extras:-[]} $(pwd)" > "$STAMP"
 fi
 
