@@ -42,11 +42,13 @@ class Layout:
     """The candidate rows of one tracked model, in pre-order (a parent precedes its children).
 
     ``names`` are the ``module`` label values; ``parents[i]`` is the row index of row i's parent,
-    ``-1`` for the root (row 0).
+    ``-1`` for the root (row 0). ``classes[i]``: the class name of row i's module (empty when not
+    known), which the levers (``oom/levers.py``) read to find the repeated blocks.
     """
 
     names: tuple[str, ...]
     parents: tuple[int, ...]
+    classes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class Snapshot:
     ``placement``: for DeepSpeed ZeRO models, ``(family, device, bytes per row)``: where each
     family's bytes live (CPU offload puts them on the host). ``absent``: ``(family, reason)`` for
     the families left out because a framework's structures were not as expected.
+    ``parameter_fp32``: the part of ``parameter`` held in float32 (for the bf16 lever).
+    ``inputs``: for the repeated blocks (``plan.Plan.repeated``), the bytes of each block's tensor
+    inputs in the last recorded forward, 0 elsewhere: what activation checkpointing keeps. Not exported.
     """
 
     layout: Layout
@@ -71,6 +76,8 @@ class Snapshot:
     unsharded: tuple[int, ...] | None = None
     placement: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
     absent: tuple[tuple[str, str], ...] = ()
+    parameter_fp32: tuple[int, ...] = ()
+    inputs: tuple[int, ...] = ()
 
 
 class SnapshotSource(Protocol):
