@@ -255,6 +255,8 @@ def watch_oom_risk(exporter: Exporter) -> None:
 
     if exporter.risk is None and risk.registered():
         exporter.risk = risk.RiskWatch(exporter.sources, callbacks=risk.registered)
+        if (diagnostics := exporter.diagnostics) is not None:  # a census names a leak: its lever comes too
+            exporter.risk.findings = lambda: diagnostics.diagnosis.findings
 
 
 def _attach_otel(exporter: Exporter, meter_provider: Any) -> None:
