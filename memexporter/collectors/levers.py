@@ -10,8 +10,12 @@ Nothing here touches a live tensor or waits on the training loop.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import TYPE_CHECKING
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from memexporter.collectors.inputs import capacities
 from memexporter.collectors.scrape import Scrape, Sources
@@ -24,8 +28,13 @@ from memexporter.tracking.steps import StepSnapshot
 
 if TYPE_CHECKING:
     from memexporter.diagnose.findings import Findings
+    from memexporter.diagnose.wiring import Diagnostics
 
-__all__ = ["Findings", "gather"]
+__all__ = ["PAGE_INTERVAL_S", "Findings", "findings_of", "for_the_page", "gather"]
+
+PAGE_INTERVAL_S = 5.0
+"""The live page's levers are gathered at most this often: a publish is once a second, and a lever's
+inputs (module rows, a census) change over many steps; between, the page shows the last list."""
 
 NEED_ROWS = ("checkpointing", "sharding", "precision")
 """The levers sized from the per-module rows: without a tracked model, they say ``levers.TRACK``."""
@@ -77,3 +86,28 @@ def gather(
         rates = (est.leak_bytes_per_step, est.leak_bytes_per_second, headroom, est.oom_eta_seconds)
         out.append(lv.leak(on, named.held_by[0], float(g.bytes), g.bytes_per_step, rates))
     return lv.ranked(out, caps.get(device))
+
+
+def findings_of(diagnostics: Diagnostics | None) -> Callable[[], Findings | None]:
+    """The latest census's findings of the exporter's diagnosis (None without one, or before a census)."""
+    return (lambda: diagnostics.diagnosis.findings) if diagnostics is not None else (lambda: None)
+
+
+def for_the_page(
+    sources: Sources, findings: Callable[[], Findings | None], clock: Callable[[], float] = time.monotonic
+) -> Callable[[], list[dict[str, Any]]]:
+    """The levers as the live page shows them (``Lever.to_json``), gathered on the publishing thread at
+    most every ``PAGE_INTERVAL_S``; a gathering that fails keeps the last list (the page is still served)."""
+    last: list[Any] = [-math.inf, []]
+    lock = threading.Lock()  # a flush() and the thread's own publish may overlap
+
+    def levers() -> list[dict[str, Any]]:
+        with lock:
+            if clock() - last[0] >= PAGE_INTERVAL_S:
+                last[0] = clock()
+                # A failure leaves the last list: the page says nothing new; /debug/memory says why.
+                with contextlib.suppress(Exception):
+                    last[1] = [lever.to_json() for lever in gather(sources, findings())]
+            return list(last[1])
+
+    return levers

@@ -7,9 +7,10 @@ training thread (the published module ``Snapshot``, the world size, the capacity
 advice, a census's named growth) and ranks the list for every surface.
 
 - **stranded**: ``oom/advice.py``'s bytes stranded in partly used segments (expandable segments).
-- **checkpointing** the repeated blocks (``plan.Plan.repeated``; the group whose activations are
-  largest): the bytes they save for backward, less what checkpointing keeps: each block's inputs, and
-  one block's recompute at a time (the largest, less its input, which is already kept).
+- **checkpointing** the repeated blocks (``plan.Plan.repeated``: numbered siblings of one class with
+  layers of their own; the group whose activations are largest): the bytes they save for backward,
+  less what checkpointing keeps: each block's inputs, and one block's recompute at a time (the
+  largest, less its input, which is already kept), beyond what backward has freed by then.
 - **input**: the largest input that fits (``oom/capacity.py``); it frees the peak above that input.
 - **sharding** the optimizer state over the N data-parallel ranks (ZeRO-1/2, FSDP2's ``fully_shard``):
   the optimizer rows x (1 - 1/N). Where the rows are already sharded, it says by what, and frees 0.
@@ -102,11 +103,10 @@ def stranded(advice: Advice) -> Lever:
 
 
 def _groups(snap: Snapshot) -> dict[tuple[int, str], list[int]]:
-    names, parents, classes = snap.layout.names, snap.layout.parents, snap.layout.classes
+    layout = snap.layout
     groups: dict[tuple[int, str], list[int]] = {}
-    for i in range(1, len(classes)):
-        if names[i].rpartition(".")[2].isdecimal():
-            groups.setdefault((parents[i], classes[i]), []).append(i)
+    for i in sorted(layout.repeated):
+        groups.setdefault((layout.parents[i], layout.classes[i]), []).append(i)
     return {k: rows for k, rows in groups.items() if len(rows) > 1}
 
 

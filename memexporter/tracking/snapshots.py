@@ -43,12 +43,14 @@ class Layout:
 
     ``names`` are the ``module`` label values; ``parents[i]`` is the row index of row i's parent,
     ``-1`` for the root (row 0). ``classes[i]``: the class name of row i's module (empty when not
-    known), which the levers (``oom/levers.py``) read to find the repeated blocks.
+    known); ``repeated``: the rows of repeated blocks (``plan.Plan.repeated``), which the levers
+    (``oom/levers.py``) group by parent and class.
     """
 
     names: tuple[str, ...]
     parents: tuple[int, ...]
     classes: tuple[str, ...] = ()
+    repeated: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

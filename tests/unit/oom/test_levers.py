@@ -22,7 +22,7 @@ CLASSES = ("GPT", "Embedding", "ModuleList", "Block", "Attention", "Block", "Att
 def snap(**kw: object) -> Snapshot:
     zeros = (0,) * len(NAMES)
     fields: dict[str, object] = {
-        "layout": Layout(NAMES, PARENTS, CLASSES),
+        "layout": Layout(NAMES, PARENTS, CLASSES, frozenset({3, 5})),
         "max_modules": 100,
         "parameter": zeros,
         "gradient": zeros,
