@@ -154,6 +154,7 @@ def test_a_users_leak_is_named_by_debug_memory_inspect_and_the_log(tmp_path: Pat
     assert find(port, {"XDG_RUNTIME_DIR": str(tmp_path), "HOME": str(tmp_path)}) == []
 
 
+@pytest.mark.slow(seconds=30)  # tracked, two blocks: the levers sized from its rows
 def test_the_demos_leak_is_named_within_its_leak_window_and_inspect_says_what_fits(tmp_path: Path) -> None:
     port = free_port()
     with running_demo(port, *TINY, "--layers", "2", "--leak-mib-per-step", "8", env=debug_env(tmp_path)):
