@@ -57,6 +57,8 @@ class Lever:
         """One line: what to do, what it frees, what fits then, and that it is an estimate."""
         if self.freed_bytes is None:
             return f"{self.kind}: {self.action}: {TRACK}"
+        if not self.freed_bytes:
+            return f"{self.kind}: {self.action}: frees nothing more ({self.basis})"
         elements = self.capacity_elements if self.fits else None
         fits = f"; the input then fits up to {int(elements):,} elements" if elements is not None else ""
         return f"{self.kind}: {self.action}: ~{fmt_bytes(self.freed_bytes)} at the step peak{fits} (estimate: {self.basis})"
