@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from memexporter.collectors.inputs import capacities
 from memexporter.collectors.scrape import Scrape, Sources
@@ -28,7 +28,6 @@ from memexporter.tracking.steps import StepSnapshot
 
 if TYPE_CHECKING:
     from memexporter.diagnose.findings import Findings
-    from memexporter.diagnose.wiring import Diagnostics
 
 __all__ = ["PAGE_INTERVAL_S", "Findings", "findings_of", "for_the_page", "gather"]
 
@@ -88,7 +87,18 @@ def gather(
     return lv.ranked(out, caps.get(device))
 
 
-def findings_of(diagnostics: Diagnostics | None) -> Callable[[], Findings | None]:
+class _Diagnosis(Protocol):
+    findings: Findings | None
+
+
+class Diagnosed(Protocol):
+    """What ``findings_of`` reads of ``diagnose.wiring.Diagnostics`` (not imported: the diagnosis imports this)."""
+
+    @property
+    def diagnosis(self) -> _Diagnosis: ...
+
+
+def findings_of(diagnostics: Diagnosed | None) -> Callable[[], Findings | None]:
     """The latest census's findings of the exporter's diagnosis (None without one, or before a census)."""
     return (lambda: diagnostics.diagnosis.findings) if diagnostics is not None else (lambda: None)
 

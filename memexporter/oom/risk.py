@@ -36,7 +36,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memexporter.collectors.inputs import capacities
 from memexporter.collectors.levers import gather
@@ -45,6 +45,7 @@ from memexporter.oom.trend import estimate
 from memexporter.rules.params import RulesConfig
 from memexporter.tracking.errors import count_failure
 from memexporter.tracking.phases import OUT_OF_STEP_PHASES
+from memexporter.tracking.steps import StepSnapshot
 from memexporter.units import MiB
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ def judge(
         return risk
 
 
-def _judge(sources: Sources, thresholds: Thresholds) -> tuple[OomRisk, Scrape, Any] | None:
+def _judge(sources: Sources, thresholds: Thresholds) -> tuple[OomRisk, Scrape, StepSnapshot] | None:
     tracker = sources.steps
     if tracker is None:
         return None
