@@ -67,7 +67,6 @@ def render(doc: dict[str, Any], top: int, dump: str | None = None) -> str:
             lines.append(f"why: {doc['reason']}")
     lines += [f"advice: {a['text']}" for a in doc.get("advice", [])]
     lines += [f"input: {device}: {c['text']}" for device, c in ((doc.get("input") or {}).get("capacity") or {}).items()]
-    lines += what_would_fit(doc.get("levers") or [])
     ago = "before the dump" if dump is not None else "ago"
     if census is None:
         lines.append(
@@ -78,6 +77,7 @@ def render(doc: dict[str, Any], top: int, dump: str | None = None) -> str:
             f"census at step {census['step']} ({census.get('age_seconds', 0):.0f} s {ago}, took "
             f"{census['duration_ms']:.0f} ms)" + ("" if dump else f"; next at step {doc['next_census_step']}")
         )
+    lines += what_would_fit(doc.get("levers") or [])  # what to change, before what is growing
     lines += ["", "Growing, fastest first"]
     rows = [
         [
