@@ -36,8 +36,10 @@ __all__ = ["TRACK", "Lever", "checkpointing", "input_lever", "leak", "precision"
 
 TRACK = "track() the model to see this"
 """What a lever that needs the per-module rows says when no model is tracked."""
-FIXED = 0.01
-"""A leak left under 1 % of the one measured counts as fixed: nothing else grows."""
+FIXED = 0.05
+"""A leak left under 5 % of the one measured counts as fixed: nothing else grows. The two rates come from
+different samplings (the baseline at every step, the census every ``census_every`` steps), so a job whose
+whole leak is the named group leaves a few per cent either way (the leaking demo: under 1 %)."""
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,8 @@ def test_the_demos_leak_is_named_within_its_leak_window_and_inspect_says_what_fi
     assert sized == sorted(sized, reverse=True)
     leak = next(v for v in doc["levers"] if v["kind"] == "leak")
     assert "fix the leak held by TinyGPT.leak_store (list)" in leak["action"] and leak["freed_bytes"] > 8 * MiB
+    # The demo's whole leak is that list: what fixing it frees is what it holds, and then nothing grows.
+    assert leak["freed_bytes"] == top["bytes"] and "once fixed nothing else grows: the job runs on" in leak["action"]
     print(f"inspect took {took:.2f} s:\n{inspect.stdout[: inspect.stdout.find('Growing')]}")
     assert inspect.returncode == 0, inspect.stderr
     assert "What would fit" in inspect.stdout and "fix the leak held by TinyGPT.leak_store (list)" in inspect.stdout
