@@ -207,7 +207,8 @@ def on_oom_risk(fn: Callable[[OomRisk], None]) -> RiskHandle:
     thresholds): the recent step peak, or an evaluation's peak, above 97% of the limit; or above
     80% with the in-process ETA under 30 minutes. It is made off the training thread once a
     second; a scrape or a client never triggers it. ``risk`` is a ``memexporter.oom.risk.OomRisk``
-    (device, used/peak/limit bytes, ETA seconds, reason, phase, step). Register before or after
+    (device, used/peak/limit bytes, ETA seconds, reason, phase, step, and ``levers``: what would make
+    it fit, largest first, each a ``memexporter.oom.levers.Lever`` estimate). Register before or after
     ``start()``; returns a handle to ``remove()``. A callback that raises is logged and counted,
     never raised into training.
     """

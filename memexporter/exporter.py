@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from memexporter._version import __version__
-from memexporter.collectors import fleet
+from memexporter.collectors import fleet, levers
 from memexporter.collectors.registry import GuardedCatalogue, catalogue
 from memexporter.collectors.scrape import Sources
 from memexporter.config import Config, logs, origin
@@ -211,6 +211,7 @@ def _start_locked(config: Config, meter_provider: Any, advice: PortAdvice) -> Ex
     if config.http:
         debug = diagnostics.debug() if diagnostics is not None else None
         link = Link(registry, history, config, port, advice, ident.rank, http_stats, debug, grace=config.end_grace)
+        link.levers = levers.for_the_page(sources, levers.findings_of(diagnostics))  # the live page's top three
     exporter = Exporter(config, sources, registry, link)
     exporter.diagnostics = diagnostics
     try:
@@ -255,6 +256,7 @@ def watch_oom_risk(exporter: Exporter) -> None:
 
     if exporter.risk is None and risk.registered():
         exporter.risk = risk.RiskWatch(exporter.sources, callbacks=risk.registered)
+        exporter.risk.findings = levers.findings_of(exporter.diagnostics)  # a census names a leak's holder
 
 
 def _attach_otel(exporter: Exporter, meter_provider: Any) -> None:

@@ -35,6 +35,26 @@ def table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list
     ]
 
 
+def what_would_fit(levers: list[dict[str, Any]]) -> list[str]:
+    """The levers, largest first, each an estimate with its basis (``oom/levers.py``), as served."""
+    if not levers:
+        return []
+    rows = [
+        [
+            v["device"],
+            v["kind"],
+            "track() the model to see this" if v["freed_bytes"] is None else "~" + fmt_bytes(v["freed_bytes"]),
+            f"{int(v['capacity_elements']):,}" if v.get("capacity_elements") is not None else "-",
+            v["action"],
+        ]
+        for v in levers
+    ]
+    head = ["device", "lever", "frees at the peak", "input that fits", "what to do"]
+    basis = [f"    {v['kind']}: {v['basis']}" for v in levers if v["freed_bytes"] is not None]
+    title = "What would fit (estimates from the job's own rows, largest first)"
+    return ["", title, *table(head, rows), *(["  each an estimate, from:", *basis] if basis else [])]
+
+
 def render(doc: dict[str, Any], top: int, dump: str | None = None) -> str:
     """The document as text: header, growth, graphs, OOM view, census. ``dump``: the file it came
     from (a pre-mortem or an OOM dump), whose time and reason head the text."""
@@ -57,6 +77,7 @@ def render(doc: dict[str, Any], top: int, dump: str | None = None) -> str:
             f"census at step {census['step']} ({census.get('age_seconds', 0):.0f} s {ago}, took "
             f"{census['duration_ms']:.0f} ms)" + ("" if dump else f"; next at step {doc['next_census_step']}")
         )
+    lines += what_would_fit(doc.get("levers") or [])  # what to change, before what is growing
     lines += ["", "Growing, fastest first"]
     rows = [
         [

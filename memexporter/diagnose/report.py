@@ -14,6 +14,7 @@ import time
 from typing import Any, Protocol
 
 from memexporter.collectors.inputs import capacities
+from memexporter.collectors.levers import gather
 from memexporter.collectors.scrape import Scrape, Sources
 from memexporter.diagnose.findings import Findings, to_json
 from memexporter.oom.advice import Advice, advise
@@ -133,7 +134,8 @@ class Published(Protocol):
 
 
 def document(diagnosis: Published, top: int = DEFAULT_TOP) -> dict[str, Any]:
-    """Everything ``/debug/memory`` answers; ``census`` is null until the first census."""
+    """Everything ``/debug/memory`` answers; ``census`` is null until the first census. ``levers``: what
+    would make it fit (``Lever.to_json``), largest first."""
     sources = diagnosis.sources
     tracker = sources.steps
     doc: dict[str, Any] = {
@@ -159,6 +161,8 @@ def document(diagnosis: Published, top: int = DEFAULT_TOP) -> dict[str, Any]:
             for a in advice(sources)
         ]
         doc["input"] = inputs(sources)
+        # What would make it fit, largest first: each an estimate with its basis (oom/levers.py).
+        doc["levers"] = [lever.to_json() for lever in gather(sources, findings)]
     except Exception as exc:  # the census part is still worth serving
         doc["oom"] = {"error": f"{type(exc).__name__}: {exc}"}
     return doc

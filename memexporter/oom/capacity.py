@@ -101,6 +101,18 @@ class Capacity:
         """One line for the live page, ``top``, ``inspect`` and the log (``in_words``)."""
         return in_words(self.elements, self.largest, self.length, self.batch, self.declared)
 
+    def after(self, freed: float, scales: bool) -> float:
+        """The capacity (elements) once a lever frees ``freed`` bytes at the step peak of the largest
+        input seen: bytes that follow the input (``scales``: activations) lower the fit's slope by
+        ``freed / largest``; others lower the peak by ``freed`` at every size (``oom/levers.py``)."""
+        k = self.largest / self.length if self.length else math.inf
+        a = self.fit.quadratic / k if math.isfinite(k) else 0.0
+        b = self.fit.linear
+        c = -(a * self.elements**2 + b * self.elements)  # the solve's constant: zero at the capacity
+        if scales and self.largest:
+            return _solve(a, max(b - freed / self.largest, 0.0), c)
+        return _solve(a, b, c - freed)
+
 
 def in_words(capacity: float, largest: float, length: float, batch: float, declared: float | None) -> str:
     """``the largest input that fits: 2,668 elements (667 long at batch 4); seen 1,280; declared 4,096: will

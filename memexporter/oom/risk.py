@@ -35,15 +35,22 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from memexporter.collectors.inputs import capacities
+from memexporter.collectors.levers import gather
 from memexporter.collectors.scrape import Scrape, Sources
 from memexporter.oom.trend import estimate
 from memexporter.rules.params import RulesConfig
 from memexporter.tracking.errors import count_failure
 from memexporter.tracking.phases import OUT_OF_STEP_PHASES
+from memexporter.tracking.steps import StepSnapshot
 from memexporter.units import MiB
+
+if TYPE_CHECKING:
+    from memexporter.diagnose.findings import Findings
+    from memexporter.oom.levers import Lever
 
 log = logging.getLogger("memexporter")
 
@@ -58,8 +65,9 @@ class OomRisk:
     """Why ``on_oom_risk`` called: bytes of ``device`` (``used``: allocated; ``peak``: the committed
     peak compared with the limit; ``committed``: what fills the limit now), ETA in seconds
     (``math.inf``: not growing), ``reason`` ``"headroom"``, ``"forecast"`` or ``"input"``, ``phase``
-    whose peak it was (``"step"``: the training steps'), the step count when judged, and ``detail``:
-    for ``"input"``, the capacity's line (``Capacity.describe``)."""
+    whose peak it was (``"step"``: the training steps'), the step count when judged, ``detail``:
+    for ``"input"``, the capacity's line (``Capacity.describe``), and ``levers``: what would make it
+    fit, largest first, each an estimate with its basis (``oom/levers.py``; empty when none is known)."""
 
     device: str
     used_bytes: float
@@ -71,9 +79,14 @@ class OomRisk:
     step: int
     committed_bytes: float = 0.0
     detail: str = ""
+    levers: tuple[Lever, ...] = ()
 
     def describe(self) -> str:
-        """One line for the job's log: where, why, how full, how soon."""
+        """One line for the job's log: where, why, how full, how soon, and the largest lever."""
+        top = next((v for v in self.levers if v.freed_bytes), None)
+        return self._what() + (f"; what would fit first: {top.describe()}" if top is not None else "")
+
+    def _what(self) -> str:
         eta = "none" if math.isinf(self.eta_seconds) else f"{self.eta_seconds:.0f} s"
         if self.reason == "input":
             return f"OOM risk on {self.device} (input: {self.detail})"
@@ -95,8 +108,23 @@ class Thresholds:
     eta_alone_s: float = ETA_ALONE_S
 
 
-def judge(sources: Sources, thresholds: Thresholds) -> OomRisk | None:
-    """The first device at risk now, or None. Reads what one scrape reads."""
+def judge(
+    sources: Sources, thresholds: Thresholds, findings: Callable[[], Findings | None] = lambda: None
+) -> OomRisk | None:
+    """The first device at risk now, with the levers (``collectors/levers.py``; a census's ``findings``
+    name a leak), or None. Reads what one scrape reads."""
+    got = _judge(sources, thresholds)
+    if got is None:
+        return None
+    risk, scrape, snap = got
+    try:
+        return replace(risk, levers=gather(sources, findings(), scrape, snap))
+    except Exception:  # the risk is worth a call without its levers
+        count_failure("OOM-risk levers")
+        return risk
+
+
+def _judge(sources: Sources, thresholds: Thresholds) -> tuple[OomRisk, Scrape, StepSnapshot] | None:
     tracker = sources.steps
     if tracker is None:
         return None
@@ -124,14 +152,16 @@ def judge(sources: Sources, thresholds: Thresholds) -> OomRisk | None:
             reason, phase, peak = "forecast", "step", step_peak
         else:
             continue
-        return OomRisk(device, view.used, peak, view.limit, est.oom_eta_seconds, reason, phase, snap.steps, view.held)
+        risk = OomRisk(device, view.used, peak, view.limit, est.oom_eta_seconds, reason, phase, snap.steps, view.held)
+        return risk, scrape, snap
     for device, cap in capacities(scrape, snap).items():
         if not cap.declared_fits or cap.near:
             view = scrape.views[device]
             peak = float(cap.fit.predict(cap.largest, cap.length))
-            return OomRisk(
+            risk = OomRisk(
                 device, view.used, peak, cap.limit, math.inf, "input", "step", snap.steps, view.held, cap.describe()
             )
+            return risk, scrape, snap
     return None
 
 
@@ -148,6 +178,7 @@ class RiskWatch:
         """``start``: judge on a daemon thread every ``CHECK_INTERVAL_S``; without it the caller
         calls ``check()`` (the trace replay, on its own clock)."""
         self._sources, self._thresholds, self._callbacks = sources, thresholds, callbacks
+        self.findings: Callable[[], Findings | None] = lambda: None  # a census's, where the diagnosis runs
         self._risk: OomRisk | None = None  # set by the judge, read at the next boundary
         self._fired = False  # the callbacks ran in this episode
         self._lock = threading.Lock()  # the judge's verdict against the boundary's firing
@@ -167,7 +198,7 @@ class RiskWatch:
         risk = None
         if self._callbacks():  # with none registered, nothing is judged (and no episode runs)
             try:
-                risk = judge(self._sources, self._thresholds)
+                risk = judge(self._sources, self._thresholds, self.findings)
             except Exception:
                 count_failure("OOM-risk judgement")
                 return

@@ -41,7 +41,15 @@ class ModelCounts:
         self._step_placement: Placement = ()  # (family, device, bytes per row) of the last step count
         self._step_absent: Absent = ()
         self.snapshot = Snapshot(
-            layout, max_modules, self.params.bytes, zeros, zeros, zeros, self.params.unsharded, *self._where()
+            layout,
+            max_modules,
+            self.params.bytes,
+            zeros,
+            zeros,
+            zeros,
+            self.params.unsharded,
+            *self._where(),
+            parameter_fp32=self.params.fp32,
         )
         self._write = threading.Lock()  # writers only (training threads); scrapes never take it
 
@@ -51,10 +59,11 @@ class ModelCounts:
         absent = (("parameter", self.params.absent),) if self.params.absent else ()
         return params + self._step_placement, absent + self._step_absent
 
-    def publish_activation(self, activation: tuple[int, ...]) -> None:
-        """Bytes saved for backward per row, over the last recorded forward."""
+    def publish_activation(self, activation: tuple[int, ...], inputs: tuple[int, ...] = ()) -> None:
+        """Bytes saved for backward per row, over the last recorded forward, and the repeated
+        blocks' input bytes in it (``Snapshot.inputs``)."""
         with self._write:
-            self.snapshot = replace(self.snapshot, activation=activation)
+            self.snapshot = replace(self.snapshot, activation=activation, inputs=inputs)
 
     def publish_step(
         self,
@@ -86,6 +95,7 @@ class ModelCounts:
             self.snapshot = replace(
                 self.snapshot,
                 parameter=self.params.bytes,
+                parameter_fp32=self.params.fp32,
                 unsharded=self.params.unsharded,
                 placement=where,
                 absent=missing,

@@ -226,7 +226,7 @@ class ForwardRecorder:
         saved.pop(ctx)
         if self.removed:
             return
-        self._counts.publish_activation(tuple(self._acc))
+        self._counts.publish_activation(tuple(self._acc), self._rows.inputs())
         deltas = self._rows.deltas(self._entry, self._counts.snapshot.layout.names)
         if deltas is not None:
             self._deltas = MappingProxyType(deltas)

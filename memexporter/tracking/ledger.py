@@ -38,6 +38,7 @@ class ParamCount:
     # ZeRO-3 models only: (device, bytes per row) of the partitions (offload_param puts them on the host).
     placement: tuple[tuple[str, tuple[int, ...]], ...] | None = None
     absent: str | None = None  # why the parameter rows are left out (DeepSpeed's structures differ)
+    fp32: tuple[int, ...] = ()  # the part of ``bytes`` held in float32, per row (the bf16 lever)
 
 
 def share(p: torch.Tensor) -> tuple[torch.Tensor, int | None]:
@@ -53,7 +54,7 @@ def count_params(plan: Plan) -> ParamCount:
     A ZeRO-3 parameter without DeepSpeed's marks as expected leaves the rows out (``absent``).
     """
     n = len(plan.paths)
-    out, full = [0] * n, [0] * n
+    out, full, fp32 = [0] * n, [0] * n, [0] * n
     devices: dict[str, list[int]] = {}
     seen, exclude = {0}, {0}
     sharded, zero3, failed, cuda, absent = False, False, 0, None, None
@@ -69,6 +70,7 @@ def count_params(plan: Plan) -> ParamCount:
                 seen.add(key)
                 out[row] += nbytes
                 full[row] += nbytes if whole is None else whole
+                fp32[row] += nbytes if held.dtype == torch.float32 else 0
                 devices.setdefault(str(held.device), [0] * n)[row] += nbytes
             if cuda is None and p.device.type == "cuda":
                 cuda = p.device.index or 0
@@ -90,6 +92,7 @@ def count_params(plan: Plan) -> ParamCount:
         failed,
         tuple((d, tuple(v)) for d, v in sorted(devices.items())) if zero3 else None,
         absent,
+        tuple(fp32),
     )
 
 

@@ -17,6 +17,10 @@ Rows follow what a reader of the model calls its layers, not how frameworks wrap
 ``hooked`` lists ``(module, row)`` for every module whose forward is hooked; ``entries`` are the
 hooked modules with no hooked ancestor but the root: where a training step may enter the model
 without calling the root (a ``LightningModule`` whose ``training_step`` calls ``self.net``).
+``repeated`` are the rows of repeated blocks: two or more siblings of one class, numbered as the
+children of a ``ModuleList`` or ``Sequential`` are (``blocks.0``, ``blocks.1``), each with layers of
+its own (two ``Linear`` in a ``Sequential`` are layers, not blocks); their recorded forwards also
+measure their inputs, what activation checkpointing would keep (``oom/levers.py``).
 """
 
 from __future__ import annotations
@@ -73,6 +77,16 @@ def unwrap(model: nn.Module) -> tuple[nn.Module, bool]:
 Slot = tuple[dict[str, Any], str, int]
 
 
+def repeated(paths: list[str], parents: list[int], classes: list[str], nested: set[int]) -> frozenset[int]:
+    """The rows of repeated blocks (module docstring): numbered siblings with layers of their own, two or
+    more of one class."""
+    groups: dict[tuple[int, str], list[int]] = {}
+    for i in range(1, len(paths)):
+        if i in nested and paths[i].rpartition(".")[2].isdecimal():
+            groups.setdefault((parents[i], classes[i]), []).append(i)
+    return frozenset(i for rows in groups.values() if len(rows) > 1 for i in rows)
+
+
 class Plan:
     """Candidate rows, hooked modules and tensor slots of one model (see the module docstring).
 
@@ -86,7 +100,8 @@ class Plan:
     def __init__(self, root: nn.Module, depth: int, outer: list[nn.Module] | None = None) -> None:
         """``outer``: wrappers peeled off ``root`` (``peel``); what they hold themselves (FSDP1's
         flat parameter with ``use_orig_params=False``) belongs to the root row."""
-        self.paths, self.parents = [""], [-1]
+        self.paths, self.parents, self.classes = [""], [-1], [type(root).__name__]
+        self._nested: set[int] = set()  # rows whose module has submodules (a block, not a layer)
         self.hooked: list[tuple[nn.Module, int]] = []
         self.entries: list[tuple[nn.Module, int]] = []
         self._depth = depth
@@ -103,6 +118,7 @@ class Plan:
                         seen.add(id(t))
                         slots.append((tensors, name, self._row_of[id(m)]))
         self.slots = self.params + self.buffers
+        self.repeated = repeated(self.paths, self.parents, self.classes, self._nested)
 
     def _walk(self, parent: nn.Module, parts: tuple[str, ...], row: int, see_through: bool, top: bool) -> None:
         """Assign rows and hooks below ``parent`` (clean path ``parts``, row ``row``).
@@ -124,6 +140,9 @@ class Plan:
                 child_row = len(self.paths)
                 self.paths.append(".".join(child_parts))
                 self.parents.append(row)
+                self.classes.append(type(child).__name__)
+                if child._modules:
+                    self._nested.add(child_row)
             else:
                 child_row = row
             self._row_of[id(child)] = child_row
@@ -146,7 +165,7 @@ class Plan:
 
     def layout(self, prefix: str) -> Layout:
         names = tuple((f"{prefix}.{p}" if prefix else p) if p else (prefix or ROOT_LABEL) for p in self.paths)
-        return Layout(names, tuple(self.parents))
+        return Layout(names, tuple(self.parents), tuple(self.classes), self.repeated)
 
     def fingerprint(self) -> tuple[tuple[int, int], ...]:
         """Identity and data pointer of every parameter and buffer: changes when ``.to()`` or

@@ -42,11 +42,15 @@ class Layout:
     """The candidate rows of one tracked model, in pre-order (a parent precedes its children).
 
     ``names`` are the ``module`` label values; ``parents[i]`` is the row index of row i's parent,
-    ``-1`` for the root (row 0).
+    ``-1`` for the root (row 0). ``classes[i]``: the class name of row i's module (empty when not
+    known); ``repeated``: the rows of repeated blocks (``plan.Plan.repeated``), which the levers
+    (``oom/levers.py``) group by parent and class.
     """
 
     names: tuple[str, ...]
     parents: tuple[int, ...]
+    classes: tuple[str, ...] = ()
+    repeated: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,9 @@ class Snapshot:
     ``placement``: for DeepSpeed ZeRO models, ``(family, device, bytes per row)``: where each
     family's bytes live (CPU offload puts them on the host). ``absent``: ``(family, reason)`` for
     the families left out because a framework's structures were not as expected.
+    ``parameter_fp32``: the part of ``parameter`` held in float32 (for the bf16 lever).
+    ``inputs``: for the repeated blocks (``plan.Plan.repeated``), the bytes of each block's tensor
+    inputs in the last recorded forward, 0 elsewhere: what activation checkpointing keeps. Not exported.
     """
 
     layout: Layout
@@ -71,6 +78,8 @@ class Snapshot:
     unsharded: tuple[int, ...] | None = None
     placement: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
     absent: tuple[tuple[str, str], ...] = ()
+    parameter_fp32: tuple[int, ...] = ()
+    inputs: tuple[int, ...] = ()
 
 
 class SnapshotSource(Protocol):

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from memexporter.diagnose.token import find
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, forkserver
 from tests.support.demo import SMALL_MODEL, module_env, running_demo
 from tests.support.ports import free_port
 from tests.support.process import running_command
@@ -154,14 +154,36 @@ def test_a_users_leak_is_named_by_debug_memory_inspect_and_the_log(tmp_path: Pat
     assert find(port, {"XDG_RUNTIME_DIR": str(tmp_path), "HOME": str(tmp_path)}) == []
 
 
-def test_the_demos_leak_is_named_within_its_leak_window(tmp_path: Path) -> None:
+@pytest.mark.slow(seconds=30)  # tracked, two blocks: the levers sized from its rows
+def test_the_demos_leak_is_named_within_its_leak_window_and_inspect_says_what_fits(tmp_path: Path) -> None:
     port = free_port()
-    with running_demo(port, *TINY, "--leak-mib-per-step", "8", "--no-track", env=debug_env(tmp_path)):
+    with running_demo(port, *TINY, "--layers", "2", "--leak-mib-per-step", "8", env=debug_env(tmp_path)):
         doc = until(port, named("TinyGPT.leak_store (list)"))
+        env = module_env({"XDG_RUNTIME_DIR": str(tmp_path), "HOME": str(tmp_path)})
+        began = time.monotonic()  # a fresh interpreter, as on the node at 2 a.m.
+        inspect = forkserver.run(
+            [sys.executable, "-m", "memexporter", "inspect", f"127.0.0.1:{port}"], env=env, fresh=True
+        )
+        took = time.monotonic() - began
     top = doc["growth"][0]
     print(f"demo leak named at census step {doc['census']['step']}: {top['bytes_per_step'] / MiB:.2f} MiB/step")
     assert top["shape"] == [2097152] and abs(top["bytes_per_step"] - 8 * MiB) <= 2 * MiB
     assert doc["census"]["step"] <= 200  # the default leak window
+    # The levers (issue 44), largest first, each an estimate: the leak, by its holder, and the rows' own.
+    kinds = [v["kind"] for v in doc["levers"]]
+    assert {"leak", "checkpointing", "precision"} <= set(kinds), doc["levers"]
+    assert all(v["estimate"] and v["basis"] for v in doc["levers"])
+    sized = [v["freed_bytes"] for v in doc["levers"] if v["freed_bytes"] is not None]
+    assert sized == sorted(sized, reverse=True)
+    leak = next(v for v in doc["levers"] if v["kind"] == "leak")
+    assert "fix the leak held by TinyGPT.leak_store (list)" in leak["action"] and leak["freed_bytes"] > 8 * MiB
+    # The demo's whole leak is that list: what fixing it frees is what it holds, and then nothing grows.
+    assert leak["freed_bytes"] == top["bytes"] and "once fixed nothing else grows: the job runs on" in leak["action"]
+    print(f"inspect took {took:.2f} s:\n{inspect.stdout[: inspect.stdout.find('Growing')]}")
+    assert inspect.returncode == 0, inspect.stderr
+    assert "What would fit" in inspect.stdout and "fix the leak held by TinyGPT.leak_store (list)" in inspect.stdout
+    assert inspect.stdout.index("What would fit") < inspect.stdout.index("Growing")
+    assert took < 2.0
 
 
 def test_a_healthy_demo_shows_no_growth(tmp_path: Path) -> None:
@@ -240,3 +262,6 @@ def test_the_premortem_is_on_disk_before_the_oom_and_survives_sigkill(tmp_path: 
     )
     assert inspect.returncode == 0, inspect.stderr
     assert f"why: {doc['reason']}" in inspect.stdout and "float32[2097152]" in inspect.stdout
+    # What would fit, as the job last knew it: its model is not tracked, so the row levers say how to see them.
+    assert {v["kind"] for v in doc["levers"]} >= {"checkpointing", "sharding", "precision"}, doc["levers"]
+    assert "What would fit" in inspect.stdout and "track() the model to see this" in inspect.stdout

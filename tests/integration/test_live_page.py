@@ -17,6 +17,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import memexporter
+from memexporter.collectors import levers
 from memexporter.serving.job.live import in_words
 from memexporter.tracking.modules import active_handles
 
@@ -53,7 +54,10 @@ def metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     }
 
 
-def test_live_json_has_the_figures_of_metrics_and_the_page_links_every_endpoint() -> None:
+def test_live_json_has_the_figures_of_metrics_and_the_page_links_every_endpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(levers, "PAGE_INTERVAL_S", 0.0)  # the levers of the flushed snapshot, not the first one's
     exp = memexporter.start(port=0, addr="127.0.0.1", warmup_steps=2)
     model, _ = train(12)
     assert exp.flush()  # a snapshot after the 12th step (one is published each second)
@@ -84,7 +88,12 @@ def test_live_json_has_the_figures_of_metrics_and_the_page_links_every_endpoint(
         == seen[("memexporter_module_parameter_bytes", frozenset({("rank", "0"), ("module", "0")}))]
     )
     assert rows["0"]["optimizer_state"] >= 2 * weight and all(doc["health"].values())
+    # What would fit, the top three (issue 44): the two Linear layers in float32 are the only sized lever.
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    assert [v["kind"] for v in doc["levers"]] == ["precision"] and doc["levers"][0]["freed_bytes"] == weights
+    assert doc["levers"][0]["text"].startswith("precision: keep parameters and gradients in bf16")
     page = get(base + "/")[2].decode()
+    assert 'id="levers"' in page and "data-lever" in page
     assert 'fetch("live.json"' in page  # relative: behind a path prefix too
     for href in ("metrics", "live.json", "healthz"):
         assert f'<a href="{href}">/{href}</a>' in page

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import memexporter
+from memexporter.collectors import levers
 from tests.support.browser import card, console_errors, headless_chromium, wait_for
 from tests.support.demo import SMALL_MODEL, running_demo
 from tests.support.ports import free_port
@@ -40,7 +41,10 @@ def browser() -> Iterator[Any]:
         yield driver
 
 
-def test_the_page_shows_what_live_json_says_and_draws_its_chart(browser: Any, tmp_path: Path) -> None:
+def test_the_page_shows_what_live_json_says_and_draws_its_chart(
+    browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(levers, "PAGE_INTERVAL_S", 0.0)  # the flushed snapshot's levers, not the first one's
     exp = memexporter.start(port=0, addr="127.0.0.1", warmup_steps=2)
     model = torch.nn.Linear(256, 256)
     opt = torch.optim.AdamW(model.parameters())
@@ -66,6 +70,9 @@ def test_the_page_shows_what_live_json_says_and_draws_its_chart(browser: Any, tm
             r.find_element("css selector", "td").text for r in browser.find_elements("css selector", "#modules tr")[1:]
         ]
         assert names == [m["module"] for m in doc["modules"]] and "(root)" in names
+        # What would fit: /live.json's top three levers, in its order (issue 44).
+        shown_levers = [e.text for e in browser.find_elements("css selector", "#levers [data-lever]")]
+        assert shown_levers == [v["text"] for v in doc["levers"]] and any("precision:" in t for t in shown_levers)
         assert console_errors(browser) == []
         browser.save_screenshot(str(tmp_path / "live-page.png"))
     finally:

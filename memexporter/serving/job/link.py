@@ -71,6 +71,7 @@ class Link(Loop):
         self.requested, self.rank, self.stats, self.debug, self.on_bound = port, rank, stats, debug, on_bound
         self.grace = grace
         self.steps: Callable[[], int] | None = None  # the step count, for the last words
+        self.levers: Callable[[], list[dict[str, Any]]] = list  # what would fit, for the live page
         self.port: int | None = None
         self.error: OSError | None = None
         self.board: Board | None = None  # made by start(): the memory may not be there (ENOSPC, EPERM)
@@ -173,7 +174,7 @@ class Link(Loop):
             asked = self._asked  # the flush() calls this publish answers: made before its render starts
         try:
             assert self.board is not None
-            self.board.publish(render(self.registry, self.history))
+            self.board.publish(render(self.registry, self.history, self.levers()))
         except OSError as exc:  # the board cannot grow (ENOSPC, EPERM, EFBIG): no HTTP from here on, said once
             log_failure(f"memexporter: the snapshot board cannot grow: {exc}")
             self._end_helper()

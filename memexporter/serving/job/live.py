@@ -4,7 +4,8 @@ Rendered in the job from the same collection of the registry as ``/metrics`` (``
 collection, two bodies, published together), so every figure on the page is a ``/metrics`` sample of
 that moment: per device used, limit, step peak, baseline, leak rate and OOM ETA (with the ETA in words),
 the largest input that fits (``oom.capacity.in_words``, from the input series), the module rows
-(largest first) and each collector's health. The history of the last half hour comes
+(largest first), each collector's health, and the top three levers of what would fit
+(``collectors/levers.py``, gathered beside the collection: estimates, each with its basis). The history of the last half hour comes
 from the in-process ``History`` (step baselines and peaks), not from Prometheus. The page itself is the
 helper's (``serving/page.py``).
 """
@@ -26,6 +27,7 @@ from memexporter.tracking.history import History
 from memexporter.units import fmt_bytes, fmt_duration
 
 TOP_MODULES = 15
+TOP_LEVERS = 3
 _DEVICE = (
     "memory_used_bytes",
     "memory_committed_bytes",
@@ -90,8 +92,13 @@ def _finite(v: float) -> float | None:
     return v if math.isfinite(v) else None  # JSON has no Inf or NaN: null, and in_words says what it meant
 
 
-def document(samples: Iterable[tuple[str, dict[str, str], float]], history: History | None) -> dict[str, Any]:
-    """The page's data from one collection of the registry: ``(name, labels, value)`` samples."""
+def document(
+    samples: Iterable[tuple[str, dict[str, str], float]],
+    history: History | None,
+    levers: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The page's data from one collection of the registry: ``(name, labels, value)`` samples; ``levers``:
+    what would fit (``Lever.to_json``), largest first, of which the page shows ``TOP_LEVERS``."""
     devices: dict[str, dict[str, float | None]] = defaultdict(dict)
     modules: dict[str, dict[str, float]] = defaultdict(dict)
     health: dict[str, bool] = {}
@@ -129,10 +136,11 @@ def document(samples: Iterable[tuple[str, dict[str, str], float]], history: Hist
     doc["modules"] = [{"module": m, **figures} for m, figures in rows[:TOP_MODULES]]
     doc["modules_left_out"] = max(0, len(rows) - TOP_MODULES)
     doc["health"] = health
+    doc["levers"] = (levers or [])[:TOP_LEVERS]
     return doc
 
 
-def encode(families: Iterable[Metric], history: History | None) -> bytes:
-    """The page's JSON document from one collection of the registry."""
+def encode(families: Iterable[Metric], history: History | None, levers: list[dict[str, Any]] | None = None) -> bytes:
+    """The page's JSON document from one collection of the registry (and the levers gathered beside it)."""
     samples = ((s.name, s.labels, s.value) for family in families for s in family.samples)
-    return json.dumps(document(samples, history), separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(document(samples, history, levers), separators=(",", ":"), allow_nan=False).encode()

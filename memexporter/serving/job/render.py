@@ -9,6 +9,7 @@ two encodings a publish: on the launch-bound stand-in with 126 tracked modules, 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -28,7 +29,9 @@ class _Collected:
         return iter(self._families)
 
 
-def render(registry: Collector, history: History | None) -> dict[str, bytes]:
-    """The sections of one snapshot: ``text`` and ``live``."""
+def render(
+    registry: Collector, history: History | None, levers: list[dict[str, Any]] | None = None
+) -> dict[str, bytes]:
+    """The sections of one snapshot: ``text`` and ``live`` (with ``levers``: what would fit, largest first)."""
     families = list(registry.collect())
-    return {"text": generate_latest(_Collected(families)), "live": encode(families, history)}
+    return {"text": generate_latest(_Collected(families)), "live": encode(families, history, levers)}

@@ -206,6 +206,27 @@ def test_activations_as_without_the_wrapper(results: dict[str, Ranks], config: s
             )
 
 
+def test_the_sharding_lever_predicts_fsdp2s_optimizer_bytes_within_5_percent(
+    results: dict[str, Ranks], record_property: Any
+) -> None:
+    """Issue 44: the lever made on the unsharded run (the optimizer rows x (1 - 1/N)) against the optimizer
+    state each rank holds under FSDP2, counted from the live tensors; FSDP2's own run says it shards."""
+    pairs = zip(ranks_of(results, "plain"), ranks_of(results, "fsdp2_after_reshard"), strict=True)
+    for r, (plain, sharded) in enumerate(pairs):
+        lever = next(v for v in plain["levers"] if v["kind"] == "sharding")
+        state = sum(rows(plain, "optimizer_state").values())
+        predicted = state - lever["freed_bytes"]
+        measured = sum(e["optimizer_state"] for e in exp_rows(sharded).values())
+        record_property(f"rank{r}_predicted_bytes", predicted)
+        record_property(f"rank{r}_measured_bytes", measured)
+        print(f"rank {r}: optimizer state under FSDP2 predicted {predicted:,.0f} B, measured {measured:,} B")
+        assert f"over the {WORLD} ranks" in lever["action"] and lever["estimate"]
+        assert measured < 0.6 * state  # sharding changed something worth predicting
+        assert measured == pytest.approx(predicted, rel=0.05)
+        already = next(v for v in sharded["levers"] if v["kind"] == "sharding")
+        assert already["freed_bytes"] == 0 and "already sharded (FSDP2 / DTensor)" in already["action"]
+
+
 def test_fsdp2_agrees_with_fsdp_mem_tracker(results: dict[str, Ranks]) -> None:
     """torch's FSDPMemTracker, over one more step of fsdp2_after_reshard: its sharded parameter,
     sharded gradient and optimizer-state totals are our rows' sums on each rank; what its root

@@ -83,3 +83,39 @@ def test_the_largest_input_that_fits_is_one_line_beside_the_advice() -> None:
     assert lines[1:3] == [f"advice: {ADVICE}", f"input: cuda:0: {line}"]
     doc["input"] = None  # no input measured (an exporter from before it, or no step yet): nothing said
     assert "input:" not in render(doc, 5)
+
+
+LEVERS = [
+    {
+        "kind": "checkpointing",
+        "device": "cuda:0",
+        "action": "checkpoint blocks.* (4 x Block, 12.0 GiB saved for backward)",
+        "freed_bytes": 11.2 * GiB,
+        "estimate": True,
+        "basis": "saved-for-backward bytes less inputs and one recompute",
+        "capacity_elements": 5400.0,
+        "text": "-",
+    },
+    {
+        "kind": "precision",
+        "device": "cuda:0",
+        "action": "needs the per-module rows",
+        "freed_bytes": None,
+        "estimate": True,
+        "basis": "track() the model to see this",
+        "capacity_elements": None,
+        "text": "-",
+    },
+]
+
+
+def test_what_would_fit_leads_with_the_levers_largest_first() -> None:
+    text = render({**dump(), "levers": LEVERS}, top=5)
+    lines = text.splitlines()
+    head = lines.index("What would fit (estimates from the job's own rows, largest first)")
+    assert head < next(i for i, line in enumerate(lines) if line.startswith("Growing"))
+    first, second = lines[head + 2], lines[head + 3]
+    assert "checkpointing" in first and "~11.2 GiB" in first and "5,400" in first and "checkpoint blocks.*" in first
+    assert "precision" in second and "track() the model to see this" in second
+    assert "    checkpointing: saved-for-backward bytes less inputs and one recompute" in lines
+    assert "What would fit" not in render(dump(), top=5)  # a document from before the levers

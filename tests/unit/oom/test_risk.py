@@ -153,8 +153,8 @@ class Judgements:
         self._cond = threading.Condition()
         real = risk.judge
 
-        def counting(src: Sources, thresholds: Thresholds) -> OomRisk | None:
-            result = real(src, thresholds)
+        def counting(src: Sources, thresholds: Thresholds, *findings: Callable[[], object]) -> OomRisk | None:
+            result = real(src, thresholds, *findings)  # type: ignore[arg-type]
             with self._cond:
                 self.results.append(result)
                 self._cond.notify_all()

@@ -177,6 +177,14 @@ def test_runbook_has_a_section_per_alert(name: str) -> None:
     assert anchor in headings, f"runbook.md has no '## {name}' section for #{anchor}"
 
 
+@pytest.mark.parametrize("name", ALL_ALERTS)
+def test_each_alerts_section_leads_with_what_would_fit(name: str) -> None:
+    """Issue 44: the first thing each section says is where the levers, sized from the job, are."""
+    section = RUNBOOK.read_text(encoding="utf-8").split(f"\n## {name}\n", 1)[1].lstrip()
+    assert section.startswith("**First: what would fit.** Open `memexporter inspect`"), section[:200]
+    assert "it says what fits" in section.split("\n\n", 1)[0]
+
+
 def test_runbook_names_only_existing_metrics_and_rules() -> None:
     text = RUNBOOK.read_text(encoding="utf-8")
     known = set(BY_NAME) | {r["record"] for r in load(DEFAULT) if "record" in r}

@@ -61,3 +61,17 @@ def test_a_module_shared_in_two_places_belongs_to_its_first_path() -> None:
     plan = Plan(model, depth=2)
     assert plan.layout("").names == ("(root)", "0", "1")
     assert [r for _, _, r in plan.params] == [1, 1]
+
+
+def test_repeated_blocks_are_numbered_siblings_of_one_class_with_layers_of_their_own() -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(Block(16) for _ in range(3))
+            self.mlp = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))  # layers, not blocks
+
+    plan = Plan(Net(), depth=3)
+    layout = plan.layout("")
+    assert {layout.names[i] for i in plan.repeated} == {"blocks.0", "blocks.1", "blocks.2"}
+    assert layout.repeated == plan.repeated and {layout.classes[i] for i in plan.repeated} == {"Block"}
+    assert layout.classes[0] == "Net" and layout.classes[layout.names.index("mlp.0")] == "Linear"

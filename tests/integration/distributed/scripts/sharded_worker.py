@@ -175,6 +175,14 @@ class SavedBytes:
         return t
 
 
+def levers() -> list[dict[str, Any]]:
+    """The levers this rank's exporter gives now (issue 44), as ``/debug/memory`` serves them."""
+    from memexporter.collectors.levers import gather
+
+    running = memexporter.exporter.running()
+    return [lever.to_json() for lever in gather(running.sources)] if running is not None else []
+
+
 def _cpu(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
     """A MemTracker snapshot's categories on the CPU device, keyed by category name."""
     for dev, cats in snapshot.items():
@@ -207,6 +215,7 @@ class Run:
             "steps_taken": steps,
             "expected": expected(inner, opt),
             "hook_errors_fn": mx_errors.hook_errors(),
+            "levers": levers(),
             **(extra or {}),
         }
         handle.remove()

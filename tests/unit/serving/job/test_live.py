@@ -131,3 +131,13 @@ def test_the_page_says_the_largest_input_that_fits_in_one_line() -> None:
     undeclared = document(samples[:-1], None)["devices"][0]
     assert undeclared["input"].endswith("seen 1,280") and undeclared["input_warn"] is False
     assert document(samples[:1], None)["devices"][0]["input"] is None  # no capacity claimed: nothing said
+
+
+def test_the_page_shows_the_top_three_levers_as_given() -> None:
+    levers = [
+        {"kind": k, "device": "cpu", "freed_bytes": b, "text": f"{k}: ..."}
+        for k, b in [("leak", 9.0), ("precision", 5.0), ("checkpointing", 3.0), ("stranded", 1.0)]
+    ]
+    doc = document([], None, levers)
+    assert [v["kind"] for v in doc["levers"]] == ["leak", "precision", "checkpointing"]
+    assert document([], None)["levers"] == []
