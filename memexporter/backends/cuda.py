@@ -113,6 +113,8 @@ class TorchBackend:
             return ALLOCATOR_NATIVE
         try:
             return str(getter())
+        except AttributeError:  # a torch built without CUDA (torch._C has no _cuda_getAllocatorBackend): no choice
+            return ALLOCATOR_NATIVE
         except Exception as exc:
             self._log.warning(
                 "backend", "memexporter: torch.cuda.get_allocator_backend() failed (%s); assuming native", exc

@@ -63,7 +63,10 @@ def gather(
     out: list[lv.Lever] = []
     for d, points in steps.devices.items():
         view = views.get(d)
-        found = advise(d, points, view, scrape.allocator_backend, scrape.expandable_segments) if view else None
+        # Stranded segments are a CUDA caching allocator's: the backend is asked only of such a device.
+        if view is None or not d.startswith("cuda"):
+            continue
+        found = advise(d, points, view, scrape.allocator_backend, scrape.expandable_segments)
         if found is not None:
             out.append(lv.stranded(found))
     handles = active_handles()

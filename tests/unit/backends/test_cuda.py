@@ -236,3 +236,16 @@ def test_cuda_malloc_async_reads_allocated_whatever_its_pool_holds(monkeypatch: 
     assert stats["reserved_bytes.all.current"] > stats["allocated_bytes.all.current"]
     used = stats["allocated_bytes.all.current"]
     assert TorchBackend().reading(0) == (used, stats["allocated_bytes.all.peak"], used)
+
+
+def test_a_torch_built_without_cuda_has_the_native_backend_and_says_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # torch's CPU wheel has get_allocator_backend(), whose call fails with AttributeError (torch._C has no
+    # _cuda_getAllocatorBackend): every CPU job logged a warning once the levers asked (a fresh-clone run).
+    def cpu_build() -> str:
+        raise AttributeError("module 'torch._C' has no attribute '_cuda_getAllocatorBackend'")
+
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", cpu_build)
+    assert TorchBackend().allocator_backend() == "native"
+    assert warnings(caplog) == []
