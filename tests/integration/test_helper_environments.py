@@ -15,7 +15,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -69,7 +69,7 @@ def test_without_memfd_create_the_board_is_an_unlinked_file_and_served(monkeypat
 
 
 def test_a_board_that_cannot_be_made_is_one_line_and_no_http(
-    file_size_limit: tuple[int, int], caplog: pytest.LogCaptureFixture
+    file_size_limit: tuple[int, int], caplog: pytest.LogCaptureFixture, new_children: Callable[[], list[psutil.Process]]
 ) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (65536, file_size_limit[1]))
     with caplog.at_level(logging.ERROR, logger="memexporter"):
@@ -80,7 +80,7 @@ def test_a_board_that_cannot_be_made_is_one_line_and_no_http(
     said = lines(caplog)
     assert len(said) == 1 and "snapshot board" in said[0] and "File too large" in said[0], said
     assert "Training continues without the /metrics endpoint" in said[0]
-    assert exp.port is None and exp.helper_pid is None and not psutil.Process().children()
+    assert exp.port is None and exp.helper_pid is None and not new_children()
     train(2)
     assert exp.sources.steps is not None and exp.sources.steps.steps == 2
 
@@ -165,7 +165,10 @@ def test_a_board_that_cannot_grow_ends_the_helper_in_one_line_and_training_goes_
 
 
 def test_an_executable_that_is_not_a_python_is_never_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    new_children: Callable[[], list[psutil.Process]],
 ) -> None:
     """A frozen application's ``sys.executable`` is the application: running it would start the job again."""
     ran = tmp_path / "ran"
@@ -180,17 +183,19 @@ def test_an_executable_that_is_not_a_python_is_never_run(
     assert "set sys.executable to a Python interpreter" in said[0] and "otel=True" in said[0], said
     time.sleep(0.5)
     assert not ran.exists(), "sys.executable was run: a second copy of the job"
-    assert exp.port is None and not psutil.Process().children()
+    assert exp.port is None and not new_children()
     exp.stop()
     monkeypatch.undo()
     monkeypatch.setattr(sys, "frozen", True, raising=False)  # PyInstaller's mark, on a real Python
     with pytest.raises(OSError, match="frozen application"):
         memexporter.start(port=0, addr="127.0.0.1", strict=True)
-    assert not psutil.Process().children()
+    assert not new_children()
 
 
 @pytest.mark.slow(seconds=5, waits=True)
-def test_a_forked_child_lives_through_a_restart_without_publishing_restarting_or_ending_the_job() -> None:
+def test_a_forked_child_lives_through_a_restart_without_publishing_restarting_or_ending_the_job(
+    new_children: Callable[[], list[psutil.Process]],
+) -> None:
     exp = memexporter.start(port=0, addr="127.0.0.1")
     assert exp.port is not None and exp.helper_pid is not None
     first = exp.helper_pid
@@ -218,4 +223,4 @@ def test_a_forked_child_lives_through_a_restart_without_publishing_restarting_or
     assert replaced[0] not in (None, first) and exp.helper_pid == replaced[0]
     body = get_text(exp.url or "")
     assert 'memexporter_helper_restarts_total{rank="0"} 1.0' in body and "memexporter_job_end_info" not in body
-    assert [p.pid for p in psutil.Process().children()] == [replaced[0]]
+    assert [p.pid for p in new_children()] == [replaced[0]]

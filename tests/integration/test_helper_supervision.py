@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -156,7 +156,7 @@ def test_a_killed_helper_answers_again_on_its_port_with_the_count_the_snapshot_a
 
 @pytest.mark.slow(seconds=6, waits=True)
 def test_a_helper_killed_again_and_again_backs_off_then_the_job_gives_up_once(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, new_children: Callable[[], list[psutil.Process]]
 ) -> None:
     """The default pace (1 s doubling to 60 s, 10 in 10 minutes) is the unit tests'; here a tenth of it, 5 in all."""
     policy = supervise.Policy(first=0.1, most=0.4, burst=5, window=600)
@@ -174,7 +174,7 @@ def test_a_helper_killed_again_and_again_backs_off_then_the_job_gives_up_once(
                 pid = new_helper(exp, pid, within=5)
                 started_at.append(time.monotonic())
         time.sleep(1.5)  # more than the longest wait: no helper comes any more
-    assert exp.helper_pid is None and not psutil.Process().children(), "a helper after the job gave up"
+    assert exp.helper_pid is None and not new_children(), "a helper after the job gave up"
     waits = [s - k for k, s in zip(killed_at, started_at, strict=False)]
     assert all(w >= expected * 0.9 for w, expected in zip(waits, [0.1, 0.2, 0.4, 0.4, 0.4], strict=True)), waits
     lines = said(caplog)

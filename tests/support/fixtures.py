@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import psutil
 import pytest
 
 import memexporter
@@ -67,3 +68,11 @@ def dead_pid() -> int:
         os._exit(0)
     os.waitpid(pid, 0)
     return pid
+
+
+@pytest.fixture
+def new_children() -> Callable[[], list[psutil.Process]]:
+    """The worker's child processes that this test started: its children now, less those it began with
+    (an earlier test's that is still exiting: "no child" of a whole worker failed a fresh-clone run)."""
+    before = {p.pid for p in psutil.Process().children()}
+    return lambda: [p for p in psutil.Process().children() if p.pid not in before]
