@@ -59,7 +59,5 @@ def closed_port() -> int:
     rank), picked below the ephemeral range like the servers' ports. Not from that range: a client
     retrying a dead port there for a whole test (an OTLP exporter pushes every interval) reaches
     whatever the kernel hands the port to next, and the kernel hands ephemeral ports to listeners
-    that bind port 0, gloo's rendezvous among them. Its rank took the stranger's connection for its
-    peer's, and the mesh failed ("connectFullMesh failed ... Connection closed by peer", twice in
-    ~20 runs of tests/integration/distributed/test_identity_gloo.py)."""
+    that bind port 0 (gloo's ranks among them)."""
     return free_port()
