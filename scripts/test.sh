@@ -44,12 +44,12 @@ rm -f build/torch-versions/summary.txt
 "$VPY" scripts/torch_versions.py setup &
 versions=$!
 trap 'kill "$versions" 2>/dev/null; kill -- -"$linting" 2>/dev/null || true' EXIT
-# The venv's bytecode (set-up left it to here): compileall's 45 s use one core of two on this disk,
-# and lint and the torch versions' check fill the other, instead of taking their CPU from pytest. Not
-# the 2,600 files of transformers' models (8 s) but the ones the tests build (tiny GPT-2s from configs):
-# a module left out is compiled by the first process that imports it, as without compileall.
-"$VPY" -m compileall -q -j 0 -x 'transformers/models/(?!(auto|gpt2|encoder_decoder)/)' \
-  "$("$VPY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
+# The venv's bytecode (set-up left it to here), before pytest, whose six workers would otherwise each
+# compile torch at once, and beside lint and the torch versions' check: only what the suite imports
+# (scripts/warm_bytecode.py: 3,800 modules in 25 CPU-s on one core, where compileall over
+# site-packages took 61 on two for 12,400 files). A module left out is compiled by the process that
+# imports it, as without it.
+"$VPY" scripts/warm_bytecode.py
 setup_s=$((SECONDS - began))
 # Tests run in parallel processes (pytest-xdist). --dist loadgroup keeps each xdist_group (tests
 # sharing one expensive fixture) on one worker; --no-loadscope-reorder leaves the order to
@@ -79,7 +79,7 @@ cat build/lint.log
 [[ $lint_rc -ne 0 ]] && echo "[test] lint FAILED (above)" >&2
 echo "[test] the other torch versions"
 versions_began=$SECONDS
-"$VPY" scripts/torch_versions.py run
+"$VPY" scripts/torch_versions.py run --checked  # the set-up beside pytest checked the venvs
 versions_rc=$?
 set -e
 [[ -f build/torch-versions/summary.txt ]] && cat build/torch-versions/summary.txt

@@ -128,15 +128,17 @@ def _size(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 2**30
 
 
-def setup(v: Version, say: Callable[[str], None]) -> Path:
-    """The venv of ``v``, built or updated under an exclusive lock; returns it."""
+def setup(v: Version, say: Callable[[str], None], checked: bool = False) -> Path:
+    """The venv of ``v``, built or updated under an exclusive lock; returns it. ``checked``: the
+    ``setup`` action already ran in this command, so a venv whose stamp matches either imported or
+    was installed just now, and the import check (3 CPU-s a version) is not repeated."""
     venv = venv_dir(v)
     venv.parent.mkdir(parents=True, exist_ok=True)
     wanted = requirements(v)
     python, stamp = venv / "bin" / "python", venv / ".memexporter-requirements.json"
     with open(f"{venv}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and json.loads(stamp.read_text()) == wanted and _imports(python):
+        if stamp.exists() and json.loads(stamp.read_text()) == wanted and (checked or _imports(python)):
             return venv
         first = not python.exists()
         say(
@@ -193,11 +195,11 @@ class Job:
         found = re.findall(r"\[\s*(\d+)%\]", self.log.read_text(errors="replace"))
         return f"{found[-1]} %" if found else "collecting"
 
-    def run(self, workers: int, only_setup: bool) -> None:
+    def run(self, workers: int, only_setup: bool, checked: bool = False) -> None:
         started = time.monotonic()
         try:
             self.outcome = "setting up"
-            venv = setup(self.version, self.say)
+            venv = setup(self.version, self.say, checked)
         except (subprocess.CalledProcessError, OSError) as exc:
             self.outcome = f"set-up failed: {exc}"
             self.say(self.outcome)
@@ -238,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="*", help="versions (2.11 or 2.11.0); default: MEMEXPORTER_TEST_TORCH_VERSIONS, else all"
     )
+    parser.add_argument(
+        "--checked", action="store_true", help="the setup action ran earlier in this command: trust matching stamps"
+    )
     parser.add_argument("--workers", type=int, default=int(os.environ.get("MEMEXPORTER_TEST_TORCH_WORKERS", "1")))
     args = parser.parse_args(argv)
     chosen = args.only or [s.strip() for s in os.environ.get("MEMEXPORTER_TEST_TORCH_VERSIONS", "all").split(",")]
@@ -259,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
-    threads = [threading.Thread(target=j.run, args=(args.workers, args.action == "setup"), daemon=True) for j in jobs]
+    threads = [
+        threading.Thread(target=j.run, args=(args.workers, args.action == "setup", args.checked), daemon=True)
+        for j in jobs
+    ]
     for t in threads:
         t.start()
     last = time.monotonic()
