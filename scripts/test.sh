@@ -47,7 +47,8 @@ trap 'kill "$versions" 2>/dev/null; kill -- -"$linting" 2>/dev/null || true' EXI
 # The venv's bytecode (set-up left it to here), before pytest, whose six workers would otherwise each
 # compile torch at once, and beside lint and the torch versions' check: only what the suite imports
 # (scripts/warm_bytecode.py: 3,800 modules in 25 CPU-s on one core, where compileall over
-# site-packages took 61 on two for 12,400 files). A module left out is compiled by the process that
+# site-packages took 61 on two for 12,400 files), and the test modules as pytest rewrites them (a
+# worker's collection: 16 CPU-s without, 10 with). A module left out is compiled by the process that
 # imports it, as without it.
 "$VPY" scripts/warm_bytecode.py
 setup_s=$((SECONDS - began))
