@@ -68,6 +68,13 @@ if [[ $installed -eq 0 ]] && ! "$VPY" -c 'import torch' 2>/dev/null; then
   "$VPY" -m pip install -q --no-compile --extra-index-url "${MEMEXPORTER_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
       --timeout 15 --retries 1 "torch==$TORCH_VERSION+cpu" 2> >(grep -v -e 'Retrying' -e 'Location' >&2) \
     || { say "no CPU build of torch $TORCH_VERSION found; installing PyPI's (large)"; "$VPY" -m pip install -q --no-compile "torch==$TORCH_VERSION"; }
+  # Where the caller compiles (MEMEXPORTER_SETUP_COMPILE=0: the test command), torch's own bytecode is
+  # written here, on the core that the next pip install (one process) leaves idle: about 10 CPU-s that
+  # the caller's compile step would otherwise spend before its tests start.
+  if [[ "${MEMEXPORTER_SETUP_COMPILE:-1}" == "0" ]]; then
+    "$VPY" -c 'import sys; sys.dont_write_bytecode = False; import torch' >/dev/null 2>&1 &
+    torch_bytecode=$!
+  fi
 fi
 
 if [[ $installed -eq 1 ]]; then
@@ -102,6 +109,7 @@ if [[ $want_test -eq 1 ]]; then
   vm_version="$(dpkg-query -W -f='${Version}' victoria-metrics 2>/dev/null || echo unknown)"
   say "prometheus $(prometheus --version 2>&1 | head -1 | awk '{print $3}'), alertmanager $(prometheus-alertmanager --version 2>&1 | head -1 | awk '{print $3}'), victoria-metrics ${vm_version%%+*}"
 fi
+[[ -n "${torch_bytecode:-}" ]] && { wait "$torch_bytecode" || true; }
 ready() { "$VPY" -c 'import torch, memexporter; print(f"memexporter {memexporter.__version__}, torch {torch.__version__}")'; }
 if ! versions="$(ready 2>/dev/null)"; then
   # The stamp said all is installed, but the environment does not import (a package removed by
