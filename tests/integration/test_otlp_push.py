@@ -69,7 +69,10 @@ SCRIPT = textwrap.dedent(
             opt.step()
             opt.zero_grad()
             time.sleep(0.1)  # the workers live for several export intervals
-    (out / "trained").write_text(str(os.getpid()))
+    # Renamed into place: the test polls for the name and reads it at once, and a write_text it saw
+    # between the create and the write read "" (a fresh-clone run: int('') failed).
+    (out / "trained.tmp").write_text(str(os.getpid()))
+    (out / "trained.tmp").rename(out / "trained")
     deadline = time.time() + 60
     while not (out / "go").exists() and time.time() < deadline:
         time.sleep(0.02)
