@@ -18,6 +18,9 @@ Lightning quirks these tests rely on (lightning 2.6):
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +46,10 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
 ]
 
-L = pytest.importorskip("lightning", reason="needs lightning (pip install -e .[frameworks])")
+# Lightning is imported by the tests, not at collection (``lightning()`` below): its import took
+# 3.6 CPU-s, most of a pytest worker's collection, in each of the six workers of a parallel run.
+if importlib.util.find_spec("lightning") is None:
+    pytest.skip("needs lightning (pip install -e .[frameworks])", allow_module_level=True)
 torch = pytest.importorskip("torch", reason="needs torch")
 nn = torch.nn
 F = torch.nn.functional
@@ -76,52 +82,58 @@ class Net(nn.Module):
         return self.head(self.blocks(self.inp(x)))
 
 
-class Regressor(L.LightningModule):  # type: ignore[misc]
-    """Lightning's documented style: the steps call ``self.net``; ``forward`` is never defined."""
+@functools.cache
+def lightning() -> tuple[Any, Any, Any]:
+    """``lightning``, and the ``Regressor`` module and ``Record`` callback built on its classes, on first use."""
+    L = importlib.import_module("lightning")
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = Net()
+    class Regressor(L.LightningModule):  # type: ignore[misc]
+        """Lightning's documented style: the steps call ``self.net``; ``forward`` is never defined."""
 
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        x, y = batch
-        return F.mse_loss(self.net(x), y)
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = Net()
 
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_loss", F.mse_loss(self.net(x), y))
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return F.mse_loss(self.net(x), y)
 
-    def configure_optimizers(self) -> Any:
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", F.mse_loss(self.net(x), y))
 
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-class Record(L.Callback):  # type: ignore[misc]
-    """Tracks the module in ``on_train_start`` (the optimizers exist there) with the optimizer
-    ``how`` names; counts the optimizer steps and reads what the rows should say after each."""
+    class Record(L.Callback):  # type: ignore[misc]
+        """Tracks the module in ``on_train_start`` (the optimizers exist there) with the optimizer
+        ``how`` names; counts the optimizer steps and reads what the rows should say after each."""
 
-    def __init__(self, how: str) -> None:
-        self.how = how
-        self.handle: Any = None
-        self.wrapper_type = ""
-        self.steps = 0
-        self.seen_step = 0
-        self.grads = self.state = 0
+        def __init__(self, how: str) -> None:
+            self.how = how
+            self.handle: Any = None
+            self.wrapper_type = ""
+            self.steps = 0
+            self.seen_step = 0
+            self.grads = self.state = 0
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self.wrapper_type = type(pl_module.optimizers()).__name__
-        if self.how == "trainer_optimizer":
-            self.handle = memexporter.track(pl_module, trainer.optimizers[0])
-        elif self.how == "lightning_optimizer":
-            self.handle = memexporter.track(pl_module, pl_module.optimizers())
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.wrapper_type = type(pl_module.optimizers()).__name__
+            if self.how == "trainer_optimizer":
+                self.handle = memexporter.track(pl_module, trainer.optimizers[0])
+            elif self.how == "lightning_optimizer":
+                self.handle = memexporter.track(pl_module, pl_module.optimizers())
 
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        self.steps += 1
+        def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+            self.steps += 1
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step != self.seen_step:  # this micro-batch stepped: .grad is still there
-            self.seen_step = trainer.global_step
-            self.grads = grad_bytes(pl_module)
-            self.state = state_bytes(pl_module, trainer.optimizers[0])
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if trainer.global_step != self.seen_step:  # this micro-batch stepped: .grad is still there
+                self.seen_step = trainer.global_step
+                self.grads = grad_bytes(pl_module)
+                self.state = state_bytes(pl_module, trainer.optimizers[0])
+
+    return L, Regressor, Record
 
 
 def loader(n: int, seed: int) -> Any:
@@ -138,6 +150,7 @@ def test_lightning_rows_partition_the_model(
     the module's; activation rows nonzero although the root's forward never runs (entries through
     ``net``); no hook error. Tracked with ``trainer.optimizers[0]``, with the ``LightningOptimizer``,
     or before ``fit()`` with no optimizer (the global step hook finds it)."""
+    L, Regressor, Record = lightning()
     torch.manual_seed(0)
     module = Regressor()
     exp = start_exporter()
