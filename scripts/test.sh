@@ -6,6 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 began=$SECONDS
 clock() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+[[ $# -gt 0 ]] && export MEMEXPORTER_TEST_TORCH_VERSIONS="${MEMEXPORTER_TEST_TORCH_VERSIONS:-none}"
+# One of the other torch versions (scripts/torch_versions.py, the one marked early) runs its tests
+# beside the set-up, where its cached venv is current: pip's one process leaves a core idle for most
+# of the set-up's minute. Any Python 3 starts it (it goes on in its venv's Python). Its outcome counts
+# with the others' below; pytest waits for it (at nice 19 beside pytest it would starve, its deadlines
+# with it).
+mkdir -p build/torch-versions
+rm -f build/torch-versions/early-*.json build/torch-versions/summary.txt
+"${PYTHON:-python3}" scripts/torch_versions.py early &
+early=$!
+trap 'kill "$early" 2>/dev/null || true' EXIT
 MEMEXPORTER_SETUP_COMPILE=0 scripts/setup.sh --test  # the bytecode below, beside lint
 VPY="${MEMEXPORTER_VENV:-.venv}/bin/python"
 export MEMEXPORTER_REQUIRE_BINARIES=1   # missing binaries fail the run instead of skipping
@@ -31,19 +42,18 @@ set -m  # lint in a process group of its own, so that stopping it stops mypy and
 lint > build/lint.log 2>&1 &
 linting=$!
 set +m
-trap 'kill -- -"$linting" 2>/dev/null || true' EXIT
+trap 'kill "$early" 2>/dev/null; kill -- -"$linting" 2>/dev/null || true' EXIT
 # The torch versions users run (the oldest claimed, 2.11, the newest: scripts/torch_versions.py): each
 # in its cached venv (set up once, outside the clone). The set-up (a download on a first run, a check
-# after) runs beside pytest; the tests run after it, the three side by side on the two cores. Beside
-# pytest, even at nice 19, they starved its timing tests and were starved in turn (a paced scrape's
-# p99, vmalert's pair test, two gloo ranks past 180 s: a load of 12 on 2 cores). Their lines start
+# after) runs beside pytest; the tests run after it, side by side on the two cores (the first has run
+# beside the set-up, above, where it could). Beside pytest, even at nice 19, they starved its timing
+# tests and were starved in turn (a paced scrape's p99, vmalert's pair test, two gloo ranks past
+# 180 s: a load of 12 on 2 cores). Their lines start
 # with [torch ...]. MEMEXPORTER_TEST_TORCH_VERSIONS=none skips them, as a run given pytest arguments
 # does unless the variable names versions (2.11,2.15 or all).
-[[ $# -gt 0 ]] && export MEMEXPORTER_TEST_TORCH_VERSIONS="${MEMEXPORTER_TEST_TORCH_VERSIONS:-none}"
-rm -f build/torch-versions/summary.txt
-"$VPY" scripts/torch_versions.py setup &
+"$VPY" scripts/torch_versions.py setup --after-early &
 versions=$!
-trap 'kill "$versions" 2>/dev/null; kill -- -"$linting" 2>/dev/null || true' EXIT
+trap 'kill "$early" "$versions" 2>/dev/null; kill -- -"$linting" 2>/dev/null || true' EXIT
 # The venv's bytecode (set-up left it to here), before pytest, whose six workers would otherwise each
 # compile torch at once, and beside lint and the torch versions' check: only what the suite imports
 # (scripts/warm_bytecode.py: 3,800 modules in 25 CPU-s on one core, where compileall over
@@ -51,6 +61,9 @@ trap 'kill "$versions" 2>/dev/null; kill -- -"$linting" 2>/dev/null || true' EXI
 # worker's collection: 16 CPU-s without, 10 with). A module left out is compiled by the process that
 # imports it, as without it.
 "$VPY" scripts/warm_bytecode.py
+waited=$SECONDS
+wait "$early" || true  # its outcome is in build/torch-versions/early-*.json (none: it runs below)
+echo "[test] the early torch version ended $((SECONDS - waited)) s after the bytecode"
 setup_s=$((SECONDS - began))
 # Tests run in parallel processes (pytest-xdist). --dist loadgroup keeps each xdist_group (tests
 # sharing one expensive fixture) on one worker; --no-loadscope-reorder leaves the order to
@@ -80,7 +93,7 @@ cat build/lint.log
 [[ $lint_rc -ne 0 ]] && echo "[test] lint FAILED (above)" >&2
 echo "[test] the other torch versions"
 versions_began=$SECONDS
-"$VPY" scripts/torch_versions.py run --checked  # the set-up beside pytest checked the venvs
+"$VPY" scripts/torch_versions.py run --checked --after-early  # the set-up beside pytest checked the venvs
 versions_rc=$?
 set -e
 [[ -f build/torch-versions/summary.txt ]] && cat build/torch-versions/summary.txt

