@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0),
         "recorded_by": "tests/cuda/record_lengths.py, with memexporter watching",
         "exporter": {
+            "limit_from_step": args.train_steps,  # the first row under the limit (h200_traces.Trace)
             "predicted_before_the_long_batches": before,
             "declared_max_elements": declared,
             "longest_that_ran": {"length": ran, "elements": args.batch * ran},

@@ -1,10 +1,15 @@
 """The largest input that fits (oom/capacity.py, collectors/inputs.py, the "input" reason of oom/risk.py),
 on a stand-in allocator whose step peak follows the input by a known law (tests/support/input_standin.py):
-a minute of steps through the real step tracker, detail pacing, collectors and judge."""
+a minute of steps through the real step tracker, detail pacing, collectors and judge; and the H200's
+variable-length trace replayed through them (tests/support/replay.py) to what the live exporter said."""
 
 from __future__ import annotations
 
+import itertools
 import random
+import re
+import statistics
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -12,6 +17,9 @@ from memexporter.oom.capacity import CapacityGates, InputPoints, InputSnapshot, 
 from memexporter.oom.risk import Thresholds, judge
 from tests.support.fakes import GiB, MiB
 from tests.support.input_standin import LEVEL, Law, Standin, linear_in_batch, run_standin, square_in_length
+
+if TYPE_CHECKING:
+    from tests.support.replay import Replay
 
 NOISE = 4 * MiB  # about 1 % of the largest excursion: allocator rounding and odd tensors
 LABELS = {"rank": "3", "device": "cuda:0"}
@@ -116,28 +124,70 @@ def test_the_gates_say_what_a_fit_needs() -> None:
         assert capacity("cuda:0", *_points(few, GiB), (1, 0.0, 0.0), 2 * GiB, None, gates) is None
 
 
-@pytest.mark.slow(seconds=4)
-def test_a_variable_length_trace_in_the_gpu_recorders_format_replays_to_its_capacity() -> None:
-    # tests/cuda/record_lengths.py's columns, synthesised on the H200's recorded native answers: 4 GiB of
-    # weights and state, a step peak of 256 MiB + 48 KiB an element + 64 B x elements x length at batch 4,
-    # lengths 64-512 at 30 steps/s for a minute; the truth: 5 x the largest input seen.
-    import dataclasses as dc
+LENGTHS = "trace-lengths-native"
+"""The H200's variable-length job (torch 2.11, 2026-11-28, ``tests/cuda/record_lengths.py``): a GPT trained
+at lengths 64-512 at batch 8, a 2.45 GiB memory fraction, then longer batches until a real OOM, with the
+exporter watching: its trace keeps what that exporter read before the long batches (``exporter``)."""
+NUMBER = re.compile(r"\d(?:[\d,]*\d)?(?:\.\d+)?")
 
-    from tests.support.replay import load_trace, replay
 
-    base = load_trace("trace-native-8mib")
-    first, level, rng, peak = base.rows[0], 4 * GiB, random.Random(0), 0.0
-    rows = []
-    for i in range(1800):
-        length = 512 if i == 100 else rng.randint(64, 512)
-        top = level + square_in_length(4 * length, length)
-        peak = max(peak, top)
-        row = {**first, "t": i / 30, "step": i, "allocated_bytes.all.current": level, "allocated_bytes.all.peak": peak}
-        rows.append(
-            {**row, "input_elements": 4 * length, "input_length": length, "input_batch": 4, "forward_allocated": top}
-        )
-    limit = level + square_in_length(5 * 2048, 5 * 2048 / 4)
-    trace = dc.replace(base, name="trace-lengths-synthetic", rows=rows, limit=int(limit), leak_mib=0)
-    with pytest.MonkeyPatch.context() as mp:
-        got = replay(trace, mp, scrape_every=10.0).moments[-1].capacity
-    assert got == pytest.approx(5 * 2048, rel=0.10)
+@pytest.fixture(scope="module")
+def lengths() -> Replay:
+    from tests.support.replay import live_read, load_trace, replay
+
+    trace = load_trace(LENGTHS)
+    with pytest.MonkeyPatch.context() as mp:  # one scrape: where the live exporter read its capacity
+        return replay(trace, mp, scrape_every=3600.0, scrape_at=(live_read(trace)["t"],))
+
+
+def test_the_h200_lengths_trace_replays_to_the_capacity_the_live_exporter_read_below_the_input_that_died(
+    lengths: Replay,
+) -> None:
+    from tests.support.replay import live_read
+
+    live, ran = live_read(lengths.trace), lengths.trace.exporter["longest_that_ran"]["elements"]
+    died = lengths.trace.exporter["died_at"]["elements"]
+    moment = lengths.at(live["t"])
+    assert moment is not None and moment.limit == live["limit_bytes"]  # the same limit, read the same way
+    # 5 %: the replay reads 3.7 % above the live exporter (2.8 % at its on_oom_risk call). It fits the same
+    # steps' peaks, but the sampled ones (a detailed step's forward end) are the recorder's, taken after the
+    # loss, on detailed steps chosen by the trace's clock; the live exporter sampled at the model's forward
+    # end, before the loss, on its own clock. 5 % holds that and fails a replay that loses a point kind.
+    assert moment.capacity == pytest.approx(live["capacity_elements"], rel=0.05)
+    # On the safe side: below the input that died, live and replayed. (Also 17-20 % below the longest that
+    # ran: the fit reads the gap between the exact peaks at the largest inputs seen and the forward-end
+    # samples below them as curvature. Not asserted: that is a bias to remove, not a contract.)
+    assert max(moment.capacity, live["capacity_elements"]) < died, f"{moment.capacity:.0f}: {ran} ran, {died} died"
+
+
+def test_the_h200_lengths_trace_replays_to_the_on_oom_risk_call_the_live_exporter_made(lengths: Replay) -> None:
+    from tests.support.replay import live_read
+
+    trace, live = lengths.trace, live_read(lengths.trace)
+    (said,) = live["on_oom_risk_before"]
+    assert lengths.fired, "the replay never called on_oom_risk"
+    at, risk = lengths.fired[0]
+    got = risk.describe()
+    assert risk.reason == "input"
+    # Both called once the limit was set and before the long batches, with the same line, figure for figure:
+    # the largest input that fits (elements, and length at batch 8), the largest seen, the declared
+    # maximum, the bytes over at the step peak and the steps fitted (one fewer: judged half a second sooner).
+    for t in (at, trace.exporter["risk_fired_s"][0]):
+        assert trace.rows[trace.limit_from_step]["t"] <= t < live["t"]
+    assert NUMBER.sub("#", got) == NUMBER.sub("#", said)
+    seen, declared = int(live["largest_seen_elements"]), trace.exporter["declared_max_elements"]
+    assert f"seen {seen:,}; declared {declared:,}: will not fit" in got
+    mine, theirs = ([float(n.replace(",", "")) for n in NUMBER.findall(text)] for text in (got, said))
+    assert mine[:-1] == pytest.approx(theirs[:-1], rel=0.05)
+    assert abs(mine[-1] - theirs[-1]) <= 1
+
+
+def test_the_h200_lengths_trace_ran_under_its_limit_from_the_row_the_recorder_set_it() -> None:
+    # record_lengths.py sleeps 50 ms after each step under the limit (before the long batches): the gaps from
+    # the row it set the limit at are that long, the one into that row and the training steps' are not.
+    from tests.support.replay import load_trace
+
+    trace = load_trace(LENGTHS)
+    at, times = trace.limit_from_step, [r["t"] for r in trace.rows]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps[at : at + 10]) >= 0.05 > max(gaps[at - 1], statistics.median(gaps[: at - 1]))
