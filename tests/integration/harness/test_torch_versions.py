@@ -15,6 +15,8 @@ import pytest
 
 from tests.support import REPO_ROOT
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def tv(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
