@@ -2,8 +2,9 @@
 
 The training thread keeps, per device, the input size of each step whose peak was measured, that
 peak and its step (``tracking/inputs.py``). Here, on the publisher's thread (a scrape, the
-``on_oom_risk`` judge), ``oom/peakfit.py`` fits the peaks against the input, robustly, and the
-capacity is where the predicted committed step peak meets the limit:
+``on_oom_risk`` judge), ``oom/peakfit.py`` fits the peaks against the input, robustly, exact peaks
+told from samples (``InputPoints.exact``), and the capacity is where the predicted committed step
+peak meets the limit:
 
     fit(E, E / k) + stranded now = limit,   k = elements per unit of length at the largest input
 
@@ -154,7 +155,7 @@ def capacity(
         return None
     step, leak, stranded = now
     peaks = tuple(p + max(leak, 0.0) * (step - s) for p, s in zip(points.peaks, points.steps, strict=True))
-    got = fit_cached(es, points.lengths, peaks)
+    got = fit_cached(es, points.lengths, peaks, points.exact)
     if got is None or (got.linear <= 0 and got.quadratic <= 0):
         return None
     lo, hi = min(range(len(es)), key=es.__getitem__), max(range(len(es)), key=es.__getitem__)

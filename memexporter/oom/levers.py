@@ -63,7 +63,10 @@ class Lever:
             return f"{self.kind}: {self.action}: frees nothing more ({self.basis})"
         elements = self.capacity_elements if self.fits else None
         fits = f"; the input then fits up to {int(elements):,} elements" if elements is not None else ""
-        return f"{self.kind}: {self.action}: ~{fmt_bytes(self.freed_bytes)} at the step peak{fits} (estimate: {self.basis})"
+        # "frees": the figure is what the lever takes off the step peak, not the peak (the input lever's
+        # "declared 65,536: will not fit: ~116.0 GiB at the step peak" read as a peak of 116 GiB).
+        freed = fmt_bytes(self.freed_bytes)
+        return f"{self.kind}: {self.action}: frees ~{freed} at the step peak{fits} (estimate: {self.basis})"
 
     @property
     def fits(self) -> bool:

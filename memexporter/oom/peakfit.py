@@ -17,7 +17,24 @@ Two ways to weigh the points:
 A term whose coefficient comes out negative is dropped and the rest refitted: memory never shrinks
 as the input grows, and a negative curvature is noise that would bend the extrapolation. Without
 spread in ``length`` the ``elements * length`` column is the linear one scaled: it is left out.
-Pure numpy: the scrape side, the helper-free CLI and the tests call it alike.
+
+Two kinds of point (``exact``): where the high-water mark rose, the step's exact peak; otherwise a
+detailed step's highest sample (the forward's end), a lower bound, below the peak by what backward
+adds. The exact peaks come only with a new record input, so they sit at the largest inputs, above
+the samples at smaller ones, and one curve through both reads that gap as curvature (the H200's
+GPT: 65 MiB at 4,096 elements read as 184 B per element x length, where its peaks grow ~180 KB an
+element and do not bend: the capacity came out 20 % short, the peak at 16 x the largest input seen
+10 x too high). So the ``elements * length`` term is fitted only where one kind alone shows
+curvature: the exact peaks span the lengths, or the samples' own curvature stands ``CURVATURE_T``
+standard errors out of their noise. Otherwise one line goes through both kinds: the samples below
+the exact peaks at smaller inputs steepen it, on the safe side (unless the robust weights reject the
+exact peaks, a few among many samples: then the line follows the samples, a lower bound, as one
+curve through both kinds did before). Neither an offset nor a slope of the
+samples' own would do: a constant gap lets the samples, which miss what backward adds per element,
+set the slope (the H200's: 165 KB an element against the peaks' ~180; a capacity of 13,127 elements
+there, where 12,544 died); a gap growing with the input takes the place of real curvature, whose
+peaks also rise faster at the largest inputs (a square law's curvature read 5 x too low). Pure
+numpy: the scrape side, the helper-free CLI and the tests call it alike.
 """
 
 from __future__ import annotations
@@ -38,6 +55,10 @@ ITERATIONS = 12
 LENGTH_SPREAD = 1.2
 """The ``elements * length`` term needs the longest length 20 % beyond the shortest: with less, it
 cannot be told from the linear one."""
+CURVATURE_T = 3.0
+"""The samples alone show curvature when their ``elements * length`` coefficient is this many standard
+errors above 0 (the H200's GPT, whose peaks do not bend: 0.7 to 2.4 over its first 5 to 7 samples; the
+CPU stand-in's square law: 6 to 10)."""
 
 Array = npt.NDArray[np.float64]
 
@@ -117,24 +138,52 @@ def _irls(x: Array, y: Array, robust: bool) -> tuple[Array, Array]:
 
 
 @functools.lru_cache(maxsize=8)
-def fit_cached(elements: tuple[float, ...], lengths: tuple[float, ...], peaks: tuple[float, ...]) -> Fit | None:
+def fit_cached(
+    elements: tuple[float, ...], lengths: tuple[float, ...], peaks: tuple[float, ...], exact: tuple[int, ...] = ()
+) -> Fit | None:
     """``fit(..., robust=True)``, remembered: a scrape and the ``on_oom_risk`` judge fit the same points
     each second, and the points change only when a step's peak is measured (~3 ms a fit of 1 024
     points, on the publisher's thread; hashing them costs ~1 % of that)."""
-    return fit(elements, lengths, peaks)
+    return fit(elements, lengths, peaks, exact=exact or None)
+
+
+def _spread(lengths: Array) -> bool:
+    """The longest length is ``LENGTH_SPREAD`` times the shortest (and that is above 0)."""
+    shortest = float(lengths.min()) if len(lengths) >= 2 else 0.0
+    return shortest > 0 and float(lengths.max()) >= LENGTH_SPREAD * shortest
+
+
+def _samples_bend(e: Array, ln: Array, y: Array) -> bool:
+    """The samples' own ``elements * length`` coefficient is ``CURVATURE_T`` standard errors above 0."""
+    if len(y) < 5 or not _spread(ln):
+        return False
+    x = np.column_stack([np.ones_like(e), e, e * ln])
+    beta, w = _irls(x, y, robust=True)
+    inliers = w > 0
+    xw = (x * np.sqrt(w)[:, None])[inliers]
+    sigma = _mad_sigma((y - x @ beta)[inliers])
+    variance = float(np.linalg.pinv(xw.T @ xw)[2, 2]) * sigma**2
+    return bool(beta[2] > 0 and beta[2] ** 2 >= CURVATURE_T**2 * variance)
 
 
 def fit(
-    elements: Sequence[float], lengths: Sequence[float], peaks: Sequence[float], *, robust: bool = True
+    elements: Sequence[float],
+    lengths: Sequence[float],
+    peaks: Sequence[float],
+    *,
+    robust: bool = True,
+    exact: Sequence[int] | None = None,
 ) -> Fit | None:
-    """The fit of ``peaks`` (bytes) against the inputs (module docstring); None with fewer than 2 points."""
+    """The fit of ``peaks`` (bytes) against the inputs (module docstring); None with fewer than 2 points.
+    ``exact``: 1 where a peak is exact, 0 where it is a sample (a lower bound); None: all exact."""
     e = np.asarray(elements, dtype=np.float64)
     ln = np.asarray(lengths, dtype=np.float64)
     y = np.asarray(peaks, dtype=np.float64)
     if len(y) < 2:
         return None
     columns = [np.ones_like(e), e if float(e.max()) > float(e.min()) else np.zeros_like(e)]
-    if len(y) >= 4 and float(ln.min()) > 0 and float(ln.max()) >= LENGTH_SPREAD * float(ln.min()):
+    kind = np.ones(len(y), dtype=bool) if exact is None else np.asarray(exact) == 1
+    if len(y) >= 4 and (_spread(ln[kind]) or _samples_bend(e[~kind], ln[~kind], y[~kind])):
         columns.append(e * ln)
     terms = [t for t in range(len(columns)) if t == 0 or columns[t].any()]
     while True:

@@ -105,6 +105,7 @@ def test_input_lever_frees_the_peak_above_what_fits() -> None:
     assert lever.freed_bytes == pytest.approx(4.0 * 200)  # the largest seen, 1200, down to 1000
     assert lever.capacity_elements == 1000.0
     assert lever.describe().startswith("input: the largest input that fits: 1,000 elements")
+    assert ": frees ~800.0 B at the step peak; the input then fits up to 1,000 elements" in lever.describe()
 
 
 def test_ranked_largest_first_with_the_capacity_each_leaves() -> None:
