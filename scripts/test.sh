@@ -54,7 +54,7 @@ trap 'kill "$early" 2>/dev/null; kill -- -"$linting" 2>/dev/null || true' EXIT
 "$VPY" scripts/torch_versions.py setup --after-early &
 versions=$!
 trap 'kill "$early" "$versions" 2>/dev/null; kill -- -"$linting" 2>/dev/null || true' EXIT
-# The venv's bytecode (set-up left it to here), before pytest, whose workers would otherwise each
+# The venv's bytecode (set-up left it to here), before pytest, whose six workers would otherwise each
 # compile torch at once, and beside lint and the torch versions' check: only what the suite imports
 # (scripts/warm_bytecode.py: 3,800 modules in 25 CPU-s on one core, where compileall over
 # site-packages took 61 on two for 12,400 files), and the test modules as pytest rewrites them (a
@@ -68,12 +68,11 @@ setup_s=$((SECONDS - began))
 # Tests run in parallel processes (pytest-xdist). --dist loadgroup keeps each xdist_group (tests
 # sharing one expensive fixture) on one worker; --no-loadscope-reorder leaves the order to
 # tests/support/schedule.py's plan: the tests that spend minutes waiting on real Prometheus,
-# Alertmanager or paced demos on three workers, the CPU-bound ones on the rest, each longest first.
-# Seven workers on 2 cores, as the waiting ones use a tenth of a core each: with four in file order
-# the cores sat idle 16 % of the run, and with six (three for the CPU-bound tests, several of which
-# wait on their own subprocesses) 10 to 29 % for three minutes mid-run. Slow tests name themselves
-# as they start and end (tests/support/progress.py). MEMEXPORTER_TEST_WORKERS=1: serial.
-workers="${MEMEXPORTER_TEST_WORKERS:-7}"
+# Alertmanager or paced demos on half the workers, the CPU-bound ones on the other half, each
+# longest first. Six workers on 2 cores, as the waiting ones use a tenth of a core each: with four
+# in file order the cores sat idle 16 % of the run. Slow tests name themselves as they start and
+# end (tests/support/progress.py). MEMEXPORTER_TEST_WORKERS=1: serial.
+workers="${MEMEXPORTER_TEST_WORKERS:-6}"
 echo "[test] pytest ($workers workers)"
 pytest_began=$SECONDS
 set +e
