@@ -278,7 +278,11 @@ def early(v: Version) -> list[Job]:
     python = venv_dir(v) / "bin" / "python"
     if python.exists() and importlib.util.find_spec("packaging") is None:
         os.execv(python, [str(python), __file__, *sys.argv[1:]])
-    if not (_current(venv_dir(v), requirements(v)) and _imports(python)):
+    try:  # no venv: nothing to compare (and no packaging, maybe); on 3.10, no metadata before the install
+        ready = python.exists() and _current(venv_dir(v), requirements(v)) and _imports(python)
+    except metadata.PackageNotFoundError:
+        ready = False
+    if not ready:
         print(f"[torch {v.torch}] not set up, or out of date: it runs with the others, after pytest", flush=True)
         return []
     (LOGS / EARLY.format(v.torch)).write_text(json.dumps({"done": False, "torch": v.torch}))

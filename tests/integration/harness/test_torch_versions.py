@@ -55,6 +55,24 @@ def test_an_early_version_without_its_venv_is_left_to_the_others(
     assert not list((tv.LOGS).glob("early-*.json"))  # no claim: setup and run take it
 
 
+def test_an_early_version_is_left_to_the_others_where_its_requirements_cannot_be_read(
+    tv: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Python 3.10 has no tomllib: the requirements come from the installed package, absent before the set-up.
+    early = next(v for v in tv.VERSIONS if v.early)
+    python = tv.venv_dir(early) / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+
+    def absent() -> list[str]:
+        raise metadata.PackageNotFoundError("memexporter")
+
+    monkeypatch.setattr(tv, "_declared", absent)
+    assert tv.main(["early"]) == 0
+    assert "not set up, or out of date" in capsys.readouterr().out
+    assert not list(tv.LOGS.glob("early-*.json"))
+
+
 @pytest.mark.parametrize(("done", "ok", "rc"), [(True, True, 0), (True, False, 1), (False, False, 1)])
 def test_run_after_early_reports_the_early_outcome_and_runs_nothing_else(
     tv: ModuleType, done: bool, ok: bool, rc: int
