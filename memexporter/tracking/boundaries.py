@@ -146,11 +146,13 @@ def _engine_count(engine: object) -> int | None:
 
 def step(count: int | None = None) -> None:
     """Mark a step boundary by hand (``count``: a trainer's global step). From the first call
-    on, optimizer steps no longer count."""
+    on, optimizer steps no longer count, until the exporter stops. With no exporter running it does
+    nothing: a call after ``stop()`` (a loop that outlives its exporter) once turned the next
+    exporter's step detection off, and it counted no optimizer step at all."""
     global _manual
-    _manual = True
     tracker = _tracker()
     if tracker is not None:
+        _manual = True
         tracker.step(count)
 
 

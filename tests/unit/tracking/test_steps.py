@@ -309,6 +309,23 @@ def test_a_stopped_exporter_forgets_the_manual_mode() -> None:
         boundaries.activate(None, auto_step=False)
 
 
+def test_a_step_marked_while_no_exporter_runs_leaves_the_next_one_detecting() -> None:
+    # memexporter.step() after stop() (a loop that outlives its exporter; in the suite, a test after
+    # test_debug_endpoints.py's stop-then-step) once set the manual mode for the next start(): it
+    # counted no optimizer step, and served no memexporter_last_step_timestamp_seconds.
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    boundaries.activate(None, auto_step=False)
+    memexporter.step()
+    fresh = tracker(ScriptedHost())
+    boundaries.activate(fresh, auto_step=True)
+    try:
+        _train(opt, model)
+        assert fresh.steps == 1
+    finally:
+        boundaries.activate(None, auto_step=False)
+
+
 def test_a_second_optimizers_step_end_is_a_peak_sample(flat_mark: tuple[StepTracker, ScriptedHost]) -> None:
     # A GAN: the first optimizer to step marks the boundary; the other's step end is a sample.
     t, host = flat_mark
