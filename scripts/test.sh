@@ -61,6 +61,9 @@ trap 'kill "$early" "$versions" 2>/dev/null; kill -- -"$linting" 2>/dev/null || 
 # worker's collection: 16 CPU-s without, 10 with). A module left out is compiled by the process that
 # imports it, as without it.
 "$VPY" scripts/warm_bytecode.py
+# The venv, bytecode and all, for the next clone's set-up (scripts/venv_cache.py; nothing when this
+# pyproject.toml's is there already): hard links, about a second.
+"${PYTHON:-python3}" scripts/venv_cache.py save "${MEMEXPORTER_VENV:-.venv}" || true
 waited=$SECONDS
 wait "$early" || true  # its outcome is in build/torch-versions/early-*.json (none: it runs below)
 echo "[test] the early torch version ended $((SECONDS - waited)) s after the bytecode"
