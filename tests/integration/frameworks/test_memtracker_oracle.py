@@ -33,6 +33,7 @@ How its figures map to the rows, as checked here after one warm-up step and one 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +45,6 @@ from tests.support.frameworks import check_common, first_owners, nbytes, scrape
 pytestmark = [pytest.mark.integration]
 
 torch = pytest.importorskip("torch", reason="needs torch")
-mem_tracker = pytest.importorskip(
-    "torch.distributed._tools.mem_tracker", reason="needs torch's MemTracker (torch.distributed._tools, torch >= 2.5)"
-)
 nn = torch.nn
 F = torch.nn.functional
 
@@ -83,6 +81,18 @@ class Net(nn.Module):
         return self.head(x)
 
 
+@functools.cache
+def mem_tracker() -> Any:
+    """``torch.distributed._tools.mem_tracker``, imported by the first test that builds an ``Oracle``,
+    not at collection: the package's ``__init__`` loads FSDP, DTensor, torch._dynamo and torch._inductor,
+    1.4 to 1.9 CPU-s of each pytest worker's collection (six workers in a parallel run). Without it
+    (torch < 2.5), each test skips there, with the reason the module-level skip gave."""
+    return pytest.importorskip(
+        "torch.distributed._tools.mem_tracker",
+        reason="needs torch's MemTracker (torch.distributed._tools, torch >= 2.5)",
+    )
+
+
 def subtree(rows: dict[str, float], name: str) -> float:
     """Sum of the rows at ``name`` and below (``""``: the whole model)."""
     if not name:
@@ -94,7 +104,7 @@ class Oracle:
     """One training step under ``MemTracker`` and what it says, keyed by module name."""
 
     def __init__(self, model: Any, opt: Any, step: Callable[[], Any], *external: Any) -> None:
-        self.mt = mem_tracker.MemTracker()
+        self.mt = mem_tracker().MemTracker()
         self.mt.track_external(model, opt, *external)
         with self.mt:
             self.output = step()
@@ -103,14 +113,14 @@ class Oracle:
         self.stats = {names[mod]: st for mod, st in self.mt.memory_tracking.items()}
 
     def category(self, name: str) -> int:
-        return int(self.current.get(mem_tracker._MemRefType[name], 0))
+        return int(self.current.get(mem_tracker()._MemRefType[name], 0))
 
     def act_delta(self, name: str) -> int:
         """ACT bytes after the module's (first) forward minus before it."""
         snaps = self.stats[name].snapshots
-        before = snaps[mem_tracker._ModState.PRE_FW][0].get(CPU, {})
-        after = snaps[mem_tracker._ModState.POST_FW][0].get(CPU, {})
-        act = mem_tracker._MemRefType.ACT
+        before = snaps[mem_tracker()._ModState.PRE_FW][0].get(CPU, {})
+        after = snaps[mem_tracker()._ModState.POST_FW][0].get(CPU, {})
+        act = mem_tracker()._MemRefType.ACT
         return int(after.get(act, 0) - before.get(act, 0))
 
     def filed(self, t: Any) -> tuple[str, int]:
