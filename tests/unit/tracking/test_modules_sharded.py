@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from memexporter.tracking import gradients as tracking_optimizer
@@ -55,6 +54,10 @@ def test_ddp_bucket_view_gradients_are_charged_to_their_own_parameters(monkeypat
 def test_fsdp2_rows_count_dtensors_tracked_before_or_after_sharding(
     monkeypatch: pytest.MonkeyPatch, when: str, reshard: bool
 ) -> None:
+    # Imported here, not at collection: torch.distributed.fsdp (with the DTensor package it loads) took
+    # 0.7 to 1.0 CPU-s of each pytest worker's collection.
+    from torch.distributed.fsdp import fully_shard
+
     monkeypatch.setattr(tracking_optimizer, "STEP_COUNT_INTERVAL_S", 0.0)
     torch.manual_seed(0)
     model = Deep(3)
