@@ -13,6 +13,8 @@ step, before ``zero_grad``), by element counts.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +36,10 @@ from tests.support.frameworks import (
 
 pytestmark = [pytest.mark.integration]
 
-transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[frameworks])")
+# transformers is imported by the tests, not at collection (``hf()`` below): its import took 0.6 to 1.0
+# CPU-s of each pytest worker's collection. Missing, the module still skips at collection.
+if importlib.util.find_spec("transformers") is None:
+    pytest.skip("needs transformers (pip install -e .[frameworks])", allow_module_level=True)
 torch = pytest.importorskip("torch", reason="needs torch")
 
 SEQ, VOCAB, BATCH = 16, 128, 4
@@ -55,7 +60,41 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[misc]
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+@functools.cache
+def hf() -> tuple[Any, Any]:
+    """``transformers``, and the ``Record`` callback built on its ``TrainerCallback``, on first use."""
+    transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[frameworks])")
+
+    class Record(transformers.TrainerCallback):  # type: ignore[misc]
+        """Counts the optimizer steps and reads what the rows should say after each; optionally tracks
+        the model in ``on_train_begin`` with the optimizer the ``Trainer`` hands its callbacks."""
+
+        def __init__(self, track_in_callback: bool) -> None:
+            self.track_in_callback = track_in_callback
+            self.handle: Any = None
+            self.optimizer_type = ""
+            self.steps = 0
+            self.grads = self.state = 0
+            self.params_with_state = 0
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.optimizer_type = type(kwargs["optimizer"]).__name__
+            if self.track_in_callback:
+                self.handle = memexporter.track(kwargs["model"], kwargs["optimizer"])
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            model, opt = kwargs["model"], kwargs["optimizer"]
+            inner = getattr(opt, "optimizer", opt)
+            self.steps += 1
+            self.grads = grad_bytes(model)
+            self.state = state_bytes(model, inner)
+            self.params_with_state = sum(1 for p in model.parameters() if inner.state.get(p))
+
+    return transformers, Record
+
+
 def tiny_gpt2() -> Any:
+    transformers, _ = hf()
     cfg = transformers.GPT2Config(
         n_layer=2,
         n_embd=32,
@@ -72,33 +111,8 @@ def tiny_gpt2() -> Any:
     return model
 
 
-class Record(transformers.TrainerCallback):  # type: ignore[misc]
-    """Counts the optimizer steps and reads what the rows should say after each; optionally tracks
-    the model in ``on_train_begin`` with the optimizer the ``Trainer`` hands its callbacks."""
-
-    def __init__(self, track_in_callback: bool) -> None:
-        self.track_in_callback = track_in_callback
-        self.handle: Any = None
-        self.optimizer_type = ""
-        self.steps = 0
-        self.grads = self.state = 0
-        self.params_with_state = 0
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.optimizer_type = type(kwargs["optimizer"]).__name__
-        if self.track_in_callback:
-            self.handle = memexporter.track(kwargs["model"], kwargs["optimizer"])
-
-    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        model, opt = kwargs["model"], kwargs["optimizer"]
-        inner = getattr(opt, "optimizer", opt)
-        self.steps += 1
-        self.grads = grad_bytes(model)
-        self.state = state_bytes(model, inner)
-        self.params_with_state = sum(1 for p in model.parameters() if inner.state.get(p))
-
-
-def train(tmp_path: Path, model: Any, callback: Record, optimizer: Any = None) -> Any:
+def train(tmp_path: Path, model: Any, callback: Any, optimizer: Any = None) -> Any:
+    transformers, _ = hf()
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "trainer"),
         per_device_train_batch_size=BATCH,
@@ -139,6 +153,7 @@ def test_trainer_rows_partition_the_model(
     (``optimizers=(opt, None)``; it wraps it later) and ``track(model, kwargs["optimizer"])`` in
     ``on_train_begin`` (accelerate's wrapper) all give: steps == ``global_step``; each family summed over ``module`` == the model's
     bytes; the tied weight once, in the embedding's row; activation rows nonzero."""
+    _, Record = hf()
     model = tiny_gpt2()
     callback = Record(track_in_callback=how == "callback_wrapped_optimizer")
     exp = start_exporter(model=model) if how == "start_model" else start_exporter()
