@@ -14,6 +14,8 @@ accelerate quirks these tests rely on (accelerate 1.15):
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 from collections.abc import Callable
 from typing import Any
@@ -33,13 +35,22 @@ from tests.support.frameworks import (
 
 pytestmark = [pytest.mark.integration]
 
-accelerate = pytest.importorskip("accelerate", reason="needs accelerate (pip install -e .[frameworks])")
+# accelerate is imported by the test, not at collection (``accelerate()`` below): 0.05 to 0.1 CPU-s of
+# each pytest worker's collection. Missing, the module still skips at collection.
+if importlib.util.find_spec("accelerate") is None:
+    pytest.skip("needs accelerate (pip install -e .[frameworks])", allow_module_level=True)
 torch = pytest.importorskip("torch", reason="needs torch")
 nn = torch.nn
 F = torch.nn.functional
 
 D_IN, D, D_OUT, BATCH = 16, 32, 4, 4
 ROWS, ACCUM, EPOCHS = 44, 2, 2  # 11 micro-batches an epoch: the last window is a single one
+
+
+@functools.cache
+def accelerate() -> Any:
+    """The ``accelerate`` package, on first use."""
+    return pytest.importorskip("accelerate", reason="needs accelerate (pip install -e .[frameworks])")
 
 
 def new_model() -> Any:
@@ -56,7 +67,7 @@ def test_accelerate_steps_and_partition(start_exporter: Callable[..., Any], erro
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(ROWS, D_IN, generator=g), torch.randn(ROWS, D_OUT, generator=g))
-    acc = accelerate.Accelerator(gradient_accumulation_steps=ACCUM, cpu=True)
+    acc = accelerate().Accelerator(gradient_accumulation_steps=ACCUM, cpu=True)
     exp = start_exporter()
     if how == "no_optimizer_before_prepare":
         memexporter.track(model)  # removed by the fixture
