@@ -194,7 +194,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--token",
         default=None,
         help=f"the job's debug token (default: ${tokens.TOKEN_ENV}, else the "
-        "job's token file, found for a local URL's port)",
+        "job's token file, found for a local URL's port; one that starts with '-': --token=TOKEN)",
     )
     p.add_argument(
         "--print-token-file",

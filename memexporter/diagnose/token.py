@@ -1,6 +1,6 @@
 """The per-process secret that guards ``/debug/*``: a token in a file only the job's user can read.
 
-As Jupyter does it. The job makes a random token (``secrets.token_urlsafe(32)``; or takes
+As Jupyter does it. The job makes a random token (``secrets.token_urlsafe(32)``, never starting with ``-``; or takes
 ``MEMEXPORTER_DEBUG_TOKEN`` from its environment) and writes it to
 ``<runtime dir>/memexporter-<host>-<pid>-<port>.token`` (file 0600, folder 0700, checked to be
 this user's and not a symlink), removed at ``stop()`` and at exit. The runtime dir is
@@ -68,6 +68,14 @@ def checked(token: str, source: str) -> str:
     return token
 
 
+def _random() -> str:
+    """``secrets.token_urlsafe(32)`` (43 characters, 256 bits) that does not start with ``-``: one in 64
+    did, and ``memexporter inspect --token TOKEN`` then read the token as an option (argparse)."""
+    while (value := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return value
+
+
 def _private_dir(path: Path) -> Path:
     """``path``, created 0700, or ``OSError`` when it is not a folder of this user's alone."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -93,7 +101,7 @@ class DebugToken:
     def create(cls, environ: Mapping[str, str] | None = None) -> DebugToken:
         """From ``MEMEXPORTER_DEBUG_TOKEN`` when set (``ValueError`` when too short), else random."""
         given = (os.environ if environ is None else environ).get(TOKEN_ENV)
-        return cls(checked(given, TOKEN_ENV) if given else secrets.token_urlsafe(32))
+        return cls(checked(given, TOKEN_ENV) if given else _random())
 
     @property
     def value(self) -> str:

@@ -4,6 +4,7 @@ again and compared. Every file lives under ``tmp_path`` (``XDG_RUNTIME_DIR``, ``
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import stat
 from pathlib import Path
@@ -32,6 +33,16 @@ def test_published_in_a_private_folder_named_by_host_pid_and_port(home: Path) ->
     assert not path.exists() and find(9480) == [token.path]
     token.withdraw()
     assert list(path.parent.iterdir()) == [] and token.path is None
+
+
+def test_a_random_token_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One token_urlsafe in 64 does, and `memexporter inspect --token TOKEN` read it as an option: a
+    # fresh-clone run of the suite failed so (test_inspect_cli's token test, 2026-11-28).
+    drawn = iter(["-" + "a" * 42, "_" + "b" * 42])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda nbytes: next(drawn))
+    assert DebugToken.create(environ={}).value == "_" + "b" * 42
+    given = "-" + "c" * 20  # a user's own token is theirs: --token=TOKEN or the variable pass it
+    assert DebugToken.create(environ={"MEMEXPORTER_DEBUG_TOKEN": given}).value == given
 
 
 def test_without_xdg_runtime_dir_it_goes_under_home(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
