@@ -37,13 +37,14 @@ apt_install() {
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
   echo "[setup] memexporter needs Python 3.10+, found $("$PY" --version 2>&1)" >&2; exit 1; }
 
-restored=0
+restored=0 created=0
 if [[ ! -x "$VENV/bin/python" ]]; then
   # The test command's venv, as an earlier clone's test command left it (scripts/venv_cache.py: the same
-  # pyproject.toml, at most a week old), linked in: about 60 CPU-s less than building it.
+  # checkout, built at most a week ago), linked in: 6.5 CPU-s where building it takes 46.
   if [[ $want_test -eq 1 ]] && "$PY" scripts/venv_cache.py restore "$VENV"; then
     restored=1
   else
+    created=1
     say "creating virtual environment $VENV"
     if ! "$PY" -m venv "$VENV" 2>/dev/null; then
       rm -rf "$VENV"
@@ -54,6 +55,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 VPY="$VENV/bin/python"
 STAMP="$VENV/.memexporter-setup"
+BUILT="$VENV/.memexporter-built"  # built from nothing by this script, at that time: scripts/venv_cache.py keeps only such a venv
 extras=""
 [[ $want_test -eq 1 ]] && extras="[dev]"
 # What the editable install depends on: pyproject.toml, the extras, and where the checkout is.
@@ -97,7 +99,7 @@ if [[ $installed -eq 1 ]]; then
   say "memexporter$extras already installed (pyproject.toml unchanged)"
 elif [[ $installed -eq 0 ]]; then
   say "installing memexporter$extras (editable)"
-  rm -f "$STAMP"
+  rm -f "$STAMP" "$BUILT"  # a venv updated in place is this clone's alone (leftovers of an earlier pyproject.toml)
   # setuptools warns "Editable installation ... be careful with folders in your working directory"
   # on every editable install, which reads like a failure to a first-time user; nothing is wrong.
   PYTHONWARNINGS="ignore:Editable installation" "$VPY" -m pip install -q --no-compile -e ".$extras"
@@ -108,6 +110,7 @@ elif [[ $installed -eq 0 ]]; then
     "$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
   fi
   echo "$hash ${extras:-[]} $(pwd)" > "$STAMP"
+  if [[ $created -eq 1 ]]; then date +%s > "$BUILT"; fi
 fi
 
 if [[ $want_test -eq 1 ]]; then
@@ -133,6 +136,9 @@ if ! versions="$(ready 2>/dev/null)"; then
   [[ -n "${MEMEXPORTER_SETUP_RETRY:-}" ]] && { ready; exit 1; }
   say "the environment does not import; setting it up again"
   rm -f "$STAMP"
+  # A venv linked from the cache is built again from nothing (pip would find its damaged packages
+  # "already satisfied"), and the entry is dropped: this build takes its place.
+  if [[ $restored -eq 1 ]]; then "$PY" scripts/venv_cache.py forget; rm -rf "$VENV"; fi
   MEMEXPORTER_SETUP_RETRY=1 exec "$0" "$@"
 fi
 say "ready: $versions"

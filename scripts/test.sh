@@ -61,9 +61,6 @@ trap 'kill "$early" "$versions" 2>/dev/null; kill -- -"$linting" 2>/dev/null || 
 # worker's collection: 16 CPU-s without, 10 with). A module left out is compiled by the process that
 # imports it, as without it.
 "$VPY" scripts/warm_bytecode.py
-# The venv, bytecode and all, for the next clone's set-up (scripts/venv_cache.py; nothing when this
-# pyproject.toml's is there already): hard links, about a second.
-"${PYTHON:-python3}" scripts/venv_cache.py save "${MEMEXPORTER_VENV:-.venv}" || true
 waited=$SECONDS
 wait "$early" || true  # its outcome is in build/torch-versions/early-*.json (none: it runs below)
 echo "[test] the early torch version ended $((SECONDS - waited)) s after the bytecode"
@@ -94,6 +91,9 @@ lint_rc=$?
 trap - EXIT
 cat build/lint.log
 [[ $lint_rc -ne 0 ]] && echo "[test] lint FAILED (above)" >&2
+# The venv this set-up built, bytecode and all, for the next clone's set-up, once the suite passed on it
+# (scripts/venv_cache.py; nothing when one is there already, or this one was linked from it): about a second.
+if [[ $rc -eq 0 && $lint_rc -eq 0 ]]; then "${PYTHON:-python3}" scripts/venv_cache.py save "${MEMEXPORTER_VENV:-.venv}" || true; fi
 echo "[test] the other torch versions"
 versions_began=$SECONDS
 "$VPY" scripts/torch_versions.py run --checked --after-early  # the set-up beside pytest checked the venvs
