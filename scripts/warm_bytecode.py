@@ -13,6 +13,9 @@ collection and, under ``PYTHONDONTWRITEBYTECODE``, keeps nothing: 6.6 of a worke
 collection. A collection here (``--collect-only``) writes pytest's rewritten ``.pyc`` files, which
 pytest reads whatever that setting says.
 
+Where torch's bytecode is there already (a second run, or a venv linked from the cache of
+``scripts/venv_cache.py``), the imports are skipped: 4 CPU-s instead of 9 (2026-11-28).
+
 A module left out costs only its own compile, in the process that imports it. Run by
 ``scripts/test.sh``: ``python scripts/warm_bytecode.py``; it never fails the run (a framework that
 is not installed is skipped).
@@ -23,6 +26,7 @@ from __future__ import annotations
 import compileall
 import contextlib
 import importlib
+import importlib.util
 import io
 import os
 import sys
@@ -72,6 +76,12 @@ MODULES = (
 )
 
 
+def _written(module: str) -> bool:
+    """Whether ``module``'s bytecode is there (it need not be imported to say)."""
+    spec = importlib.util.find_spec(module)
+    return bool(spec and spec.origin and Path(importlib.util.cache_from_source(spec.origin)).exists())
+
+
 def main() -> int:
     """Collect the tests, import each module (a missing one is skipped), then compile the checkout's
     own packages."""
@@ -82,7 +92,9 @@ def main() -> int:
 
         collected = pytest.main(["--collect-only", "-qq", "-p", "no:cacheprovider"])
     skipped = [] if collected == 0 else [f"the tests' collection (exit {collected})"]
-    for name in MODULES:
+    # Where torch's bytecode is there already, so is the rest's (this wrote them together: a second run,
+    # or a venv linked from scripts/venv_cache.py's cache): only the collection's is this clone's own.
+    for name in [] if _written("torch") else MODULES:
         try:
             importlib.import_module(name)
         except Exception:  # not installed, or no CPU backend: that module is left out
