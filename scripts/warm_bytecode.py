@@ -13,7 +13,7 @@ collection and, under ``PYTHONDONTWRITEBYTECODE``, keeps nothing: 6.6 of a worke
 collection. A collection here (``--collect-only``) writes pytest's rewritten ``.pyc`` files, which
 pytest reads whatever that setting says.
 
-Where torch's bytecode is there already (a second run, or a venv linked from the cache of
+Where this wrote them before (``DONE`` in the venv: a second run, or a venv linked from the cache of
 ``scripts/venv_cache.py``), the imports are skipped: 4 CPU-s instead of 9 (2026-11-28).
 
 A module left out costs only its own compile, in the process that imports it. Run by
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import compileall
 import contextlib
+import hashlib
 import importlib
-import importlib.util
 import io
 import os
 import sys
@@ -37,6 +37,7 @@ sys.dont_write_bytecode = False  # the point of this script, whatever the enviro
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed probes for CUDA otherwise
 
 REPO = Path(__file__).resolve().parent.parent
+DONE = ".memexporter-bytecode"  # in the venv: the MODULES whose bytecode this wrote, as a hash
 
 # What the suite's processes import: the workers, the forked demos, torchrun's launcher and ranks,
 # the framework runs (HF Trainer, Lightning, accelerate, DeepSpeed), the OTLP and browser tests.
@@ -76,10 +77,21 @@ MODULES = (
 )
 
 
-def _written(module: str) -> bool:
-    """Whether ``module``'s bytecode is there (it need not be imported to say)."""
-    spec = importlib.util.find_spec(module)
-    return bool(spec and spec.origin and Path(importlib.util.cache_from_source(spec.origin)).exists())
+def _hash() -> str:
+    return hashlib.sha256("\n".join(MODULES).encode()).hexdigest()
+
+
+def todo(prefix: Path) -> tuple[str, ...]:
+    """The modules to import in the venv at ``prefix``: none where this wrote their bytecode before (a
+    second run, or a venv linked from scripts/venv_cache.py's cache; ``DONE`` says so), else ``MODULES``.
+    Not torch's ``.pyc`` as the sign: the set-up writes torch's alone, and a run that took it for all
+    compiled transformers, Lightning and DeepSpeed in every process (under ``PYTHONDONTWRITEBYTECODE``):
+    its pytest took 12m51s where the one before took 9m47s (2026-11-28)."""
+    try:
+        done = (prefix / DONE).read_text().strip() == _hash()
+    except OSError:
+        done = False
+    return () if done else MODULES
 
 
 def main() -> int:
@@ -92,13 +104,13 @@ def main() -> int:
 
         collected = pytest.main(["--collect-only", "-qq", "-p", "no:cacheprovider"])
     skipped = [] if collected == 0 else [f"the tests' collection (exit {collected})"]
-    # Where torch's bytecode is there already, so is the rest's (this wrote them together: a second run,
-    # or a venv linked from scripts/venv_cache.py's cache): only the collection's is this clone's own.
-    for name in [] if _written("torch") else MODULES:
+    for name in todo(Path(sys.prefix)):
         try:
             importlib.import_module(name)
         except Exception:  # not installed, or no CPU backend: that module is left out
             skipped.append(name)
+    with contextlib.suppress(OSError):
+        (Path(sys.prefix) / DONE).write_text(_hash() + "\n")
     # The checkout is installed editable: its modules are read from here by every subprocess.
     for package in ("memexporter", "tests"):
         compileall.compile_dir(str(REPO / package), quiet=1, workers=1)
