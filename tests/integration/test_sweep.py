@@ -10,6 +10,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pty
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -118,9 +121,28 @@ def test_peaks_fits_and_max_fit_on_a_script_of_known_memory(tmp_path: Path, scri
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _terminal(master: int, proc: subprocess.Popen[str], until: re.Pattern[bytes], seconds: float) -> bytes:
+    """What the sweep wrote to its terminal (``master``: the pty's other end) until ``until`` matches, it
+    exits (the pty then reads EIO), or ``seconds`` pass."""
+    shown, deadline = b"", time.monotonic() + seconds
+    while not until.search(shown) and time.monotonic() < deadline:
+        if select.select([master], [], [], 0.1)[0]:
+            try:
+                shown += os.read(master, 4096)
+            except OSError:  # EIO: nothing holds the terminal any more
+                break
+        elif proc.poll() is not None and not select.select([master], [], [], 0)[0]:
+            break
+    return shown
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_the_child_and_writes_what_was_measured(tmp_path: Path, script: Path) -> None:
+    # At a terminal, as a user presses Ctrl-C: its progress line says when the sweep has read a step from the
+    # child's /metrics. A fixed second after the child's first step was once too little: the child's
+    # helper starts and publishes a snapshot a second, and the sweep had read no step when interrupted.
     pidfile, out_json = tmp_path / "child.pid", tmp_path / "partial.json"
+    master, tty = pty.openpty()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -140,22 +162,25 @@ def test_ctrl_c_stops_the_child_and_writes_what_was_measured(tmp_path: Path, scr
             str(pidfile),
         ],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=tty,
         text=True,
         env=module_env(),
         cwd=tmp_path,
     )
+    os.close(tty)
     try:
-        deadline = time.monotonic() + 120
-        while not pidfile.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
-        time.sleep(1.0)  # a few polls of the child's /metrics
+        shown = _terminal(master, proc, re.compile(rb"step [1-9][0-9]*/100000"), 120)
+        assert proc.poll() is None and re.search(rb"step [1-9]", shown), shown.decode(errors="replace")
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends the sweep
-        stdout, stderr = proc.communicate(timeout=60)
+        shown += _terminal(master, proc, re.compile(rb"(?!)"), 60)  # to its exit
+        assert proc.stdout is not None
+        stdout = proc.stdout.read()
+        proc.wait(10)
     finally:
+        os.close(master)
         if proc.poll() is None:
             proc.kill()
+    stderr = shown.decode(errors="replace")
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr and stdout.splitlines()[1].split()[:2] == ["1", "1"] and "interrupted" in stdout
     child = int(pidfile.read_text())
