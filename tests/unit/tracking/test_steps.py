@@ -293,30 +293,20 @@ def test_the_end_of_a_tracked_forward_is_a_peak_sample(flat_mark: tuple[StepTrac
     assert last(t) == (120 * MiB, 200 * MiB)
 
 
-def test_a_stopped_exporter_forgets_the_manual_mode() -> None:
-    # A new start() after stop() detects optimizer steps again, whatever the last run did.
+@pytest.mark.parametrize("stepped_while_running", [True, False], ids=["step-then-stop", "stop-then-step"])
+def test_the_next_start_detects_optimizer_steps_whatever_the_last_run_did(stepped_while_running: bool) -> None:
+    # A new start() after stop() detects optimizer steps again: a stopped exporter forgets the manual mode, and
+    # memexporter.step() after stop() (a loop that outlives its exporter; in the suite, a test after
+    # test_debug_endpoints.py's stop-then-step) once set it for the next start(), which then counted no
+    # optimizer step and served no memexporter_last_step_timestamp_seconds.
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     boundaries.activate(tracker(ScriptedHost()), auto_step=True)
-    memexporter.step()  # manual mode on
+    if stepped_while_running:
+        memexporter.step()  # manual mode on
     boundaries.activate(None, auto_step=False)
-    fresh = tracker(ScriptedHost())
-    boundaries.activate(fresh, auto_step=True)
-    try:
-        _train(opt, model)
-        assert fresh.steps == 1
-    finally:
-        boundaries.activate(None, auto_step=False)
-
-
-def test_a_step_marked_while_no_exporter_runs_leaves_the_next_one_detecting() -> None:
-    # memexporter.step() after stop() (a loop that outlives its exporter; in the suite, a test after
-    # test_debug_endpoints.py's stop-then-step) once set the manual mode for the next start(): it
-    # counted no optimizer step, and served no memexporter_last_step_timestamp_seconds.
-    model = torch.nn.Linear(8, 8)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    boundaries.activate(None, auto_step=False)
-    memexporter.step()
+    if not stepped_while_running:
+        memexporter.step()
     fresh = tracker(ScriptedHost())
     boundaries.activate(fresh, auto_step=True)
     try:
