@@ -54,6 +54,9 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   fi
 fi
 VPY="$VENV/bin/python"
+# setuptools warns "Editable installation ... be careful with folders in your working directory"
+# on every editable install, which reads like a failure to a first-time user; nothing is wrong.
+editable() { PYTHONWARNINGS="ignore:Editable installation" "$VPY" -m pip install -q --no-compile "$@"; }
 STAMP="$VENV/.memexporter-setup"
 BUILT="$VENV/.memexporter-built"  # built from nothing by this script, at that time: scripts/venv_cache.py keeps only such a venv
 extras=""
@@ -70,8 +73,7 @@ if [[ $restored -eq 1 ]]; then
   # Everything but memexporter came with the cached venv: install it alone, with the venv's setuptools
   # (no isolated build environment to set up: 1.5 CPU-s where that takes 4), or isolated if that fails.
   say "installing memexporter$extras (editable; its dependencies came with the cached venv)"
-  PYTHONWARNINGS="ignore:Editable installation" "$VPY" -m pip install -q --no-compile --no-deps --no-build-isolation -e . 2>/dev/null \
-    || PYTHONWARNINGS="ignore:Editable installation" "$VPY" -m pip install -q --no-compile --no-deps -e .
+  editable --no-deps --no-build-isolation -e . 2>/dev/null || editable --no-deps -e .
   echo "$hash ${extras:-[]} $(pwd)" > "$STAMP"
   installed=2  # installed, and said so
 fi
@@ -100,9 +102,7 @@ if [[ $installed -eq 1 ]]; then
 elif [[ $installed -eq 0 ]]; then
   say "installing memexporter$extras (editable)"
   rm -f "$STAMP" "$BUILT"  # a venv updated in place is this clone's alone (leftovers of an earlier pyproject.toml)
-  # setuptools warns "Editable installation ... be careful with folders in your working directory"
-  # on every editable install, which reads like a failure to a first-time user; nothing is wrong.
-  PYTHONWARNINGS="ignore:Editable installation" "$VPY" -m pip install -q --no-compile -e ".$extras"
+  editable -e ".$extras"
   # The bytecode, on every core: pip compiles one file at a time (30 of torch's 43 s here), compileall
   # -j 0 the whole venv in about 5 s. A file that does not compile is skipped, as pip skips it.
   # MEMEXPORTER_SETUP_COMPILE=0 leaves it to the caller: the test command compiles beside its lint.
