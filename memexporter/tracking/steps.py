@@ -71,7 +71,7 @@ class _Device:
     high_water: int  # lifetime high-water mark at the last boundary
     last_used: int  # used at the last boundary
     step_max: int  # highest sample since the last boundary
-    excursion: int = 0  # peak minus the step's starting used, at the last exact measurement
+    excursion: int = 0  # peak minus the higher of the step's start and end, at the last exact measurement
     last_peak: int = 0  # the peak of the last step that ended
 
 
@@ -79,7 +79,11 @@ def _step_peak(dev: _Device, used: int, high_water: int) -> int:
     """The peak of the step that just ended on ``dev`` (bytes); updates ``dev.excursion``.
 
     - The high-water mark rose: the step's peak *is* the new mark (exact). Remember how far above
-      the step's start it went: activations and temporaries, the excursion.
+      both the step's start and its end it went: activations and temporaries, the excursion. Not
+      what the step allocated and kept (the first step's gradients and optimizer state, a leak's
+      share): measured from the start, that was added again to every later start, and once an
+      evaluation had raised the lifetime mark above the steps (the cap below), each later step read
+      that much above its real peak (28 MiB in the HF ``Trainer`` test of issue 40, on CPU).
     - It fell: the user reset their peak stats during the step. The mark since the reset and the
       samples bound the peak from below.
     - It stayed: the usual steady state. The step went about as far above its start as the last
@@ -88,7 +92,7 @@ def _step_peak(dev: _Device, used: int, high_water: int) -> int:
     """
     samples = max(dev.step_max, dev.last_used, used)
     if high_water > dev.high_water:
-        dev.excursion = max(0, high_water - dev.last_used)
+        dev.excursion = max(0, high_water - max(dev.last_used, used))
         return high_water
     if high_water < dev.high_water:
         return max(high_water, samples)
