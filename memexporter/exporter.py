@@ -102,8 +102,7 @@ class Exporter:
                 atexit.unregister(self._link.at_exit)
                 self._link.stop()
                 self._link = None
-            if _running is self:
-                self.sources.host.close()
+            self.sources.close()  # also after a strict start() that failed, which never became the running one
             if _running is self:
                 _running = None
                 boundaries.activate(None, auto_step=False)

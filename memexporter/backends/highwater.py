@@ -41,6 +41,7 @@ class HighWater:
         self._status = status
         self._fd: tuple[int, int] | None = None  # (pid, descriptor) while ru_maxrss is not yet ours
         self._own_pid = -1  # the pid for which ru_maxrss is known to be the process's own
+        self._closed = False  # the exporter stopped: a read opens the status file and closes it again
 
     def __call__(self) -> int:
         mark = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -51,7 +52,7 @@ class HighWater:
             return int(mark) * _KIB
         own = self._read_own(pid)
         if own is None or own >= mark:  # no VmHWM, or ru_maxrss is ours now: it stays so
-            self.close()
+            self._drop()
             self._own_pid = pid
             return int(mark) * _KIB
         return own * _KIB
@@ -59,17 +60,33 @@ class HighWater:
     def _read_own(self, pid: int) -> int | None:
         if self._fd is None or self._fd[0] != pid:  # opened per process: a forked child's copy reads the parent
             try:
-                self._fd = (pid, os.open(self._status, os.O_RDONLY | os.O_CLOEXEC))
+                fd = os.open(self._status, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 return None
+            if self._closed:
+                try:
+                    return _own_kib(fd)
+                except (OSError, ValueError, IndexError):
+                    return None
+                finally:
+                    os.close(fd)
+            self._fd = (pid, fd)
         try:
             return _own_kib(self._fd[1])
         except (OSError, ValueError, IndexError):
             return None
 
     def close(self) -> None:
-        """Close the status descriptor, if this process opened one."""
+        """Close the status descriptor, if this process opened one (the exporter's ``stop()``); later reads
+        keep none open."""
+        self._closed = True
+        self._drop()
+
+    def _drop(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None and fd[0] == os.getpid():
             with contextlib.suppress(OSError):
                 os.close(fd[1])
+
+    def __del__(self) -> None:
+        self._drop()

@@ -69,6 +69,7 @@ class HostBackend:
         self._proc_cgroup = proc_cgroup
         self._statm_path = statm
         self._statm: tuple[int, int] | None = None  # (pid, descriptor) of the open statm file
+        self._closed = False  # stopped: read through psutil, keep no descriptor open
 
     def rss(self) -> int:
         """Resident set size of this process in bytes, for the step tracker and every phase boundary.
@@ -89,6 +90,8 @@ class HostBackend:
         pid = os.getpid()
         if self._statm is not None and self._statm[0] == pid:
             return self._statm[1]
+        if self._closed:  # a reading after stop() (a phase closed then) must not reopen it for good
+            return None
         try:
             fd = os.open(self._statm_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
@@ -97,7 +100,9 @@ class HostBackend:
         return None if fd < 0 else fd
 
     def close(self) -> None:
-        """Close the statm descriptor (the exporter's ``stop()``: every descriptor it opened goes)."""
+        """Close the statm descriptor (the exporter's ``stop()``: every descriptor it opened goes); later
+        reads go through psutil, which keeps none open."""
+        self._closed = True
         statm, self._statm = self._statm, None
         if statm is not None and statm[0] == os.getpid() and statm[1] >= 0:
             with contextlib.suppress(OSError):

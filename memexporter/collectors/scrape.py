@@ -97,6 +97,12 @@ class Sources:
     def rank(self) -> str:
         return self.identity.rank
 
+    def close(self) -> None:
+        """Close what the readings hold open (the exporter's ``stop()``); a reading after it keeps nothing open."""
+        self.host.close()
+        if self.steps is not None:
+            self.steps.close()
+
 
 class Scrape:
     """Lazy, memoised reads for one scrape. Never outlives the scrape."""

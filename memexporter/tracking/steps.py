@@ -240,6 +240,13 @@ class StepTracker:
                     dev.high_water = r.peak
                     dev.step_max = held.get(name, dev.last_used)
 
+    def close(self) -> None:
+        """Close what the host's mark holds open (the exporter's ``stop()``); later readings open nothing
+        that stays open (a phase the user closes after ``stop()`` still reads)."""
+        close = getattr(self._host_peak, "close", None)
+        if close is not None:
+            close()
+
     def add_observer(self, observer: Callable[[Readings], None]) -> None:
         """Call ``observer(readings)`` after every sample and boundary. It must not raise."""
         self._observers += (observer,)

@@ -54,3 +54,32 @@ def test_the_real_status_file_gives_a_mark_no_higher_than_ru_maxrss() -> None:
     mark = HighWater()
     assert 0 < mark() <= _ru_kib() * KIB
     mark.close()
+
+
+def _open_on(path: Path) -> list[str]:
+    """This process's descriptors open on ``path``."""
+    fds = Path("/proc/self/fd")
+    found = []
+    for fd in fds.iterdir():
+        try:
+            if fd.readlink() == path:
+                found.append(fd.name)
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return found
+
+
+def test_closed_below_an_inherited_mark_it_still_reads_and_keeps_nothing_open(tmp_path: Path) -> None:
+    # The exporter's stop() closes it; a phase the user closes after stop() still reads the mark. The
+    # descriptor was never closed by stop() before, and a start/stop cycle below an inherited mark (a
+    # job launched by a large parent) left one open for good.
+    own = max(_ru_kib() // 4, 1)
+    path = tmp_path / "status"
+    mark = HighWater(_status(path, own))
+    assert mark() == own * KIB
+    assert len(_open_on(path)) == 1  # kept open while the mark is inherited: a pread a step
+    mark.close()
+    assert _open_on(path) == []
+    _status(path, own + 100)
+    assert mark() == (own + 100) * KIB
+    assert _open_on(path) == []
