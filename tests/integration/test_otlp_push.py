@@ -77,7 +77,8 @@ SCRIPT = textwrap.dedent(
     while not (out / "go").exists() and time.time() < deadline:
         time.sleep(0.02)
     memexporter.stop()
-    (out / "stopped").write_text(repr(time.time()))
+    (out / "stopped.tmp").write_text(repr(time.time()))  # renamed into place too (float('') once)
+    (out / "stopped.tmp").rename(out / "stopped")
     time.sleep(float(sys.argv[2]))  # several export intervals: a push now would be a bug
     """
 )
