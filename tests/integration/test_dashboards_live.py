@@ -151,6 +151,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus,
             [f"http://127.0.0.1:{failing}/metrics"],
             env=module_env({"MEMEXPORTER_RUN_ID": FAILING_RUN}),
             what="a rank whose collector raises",
+            scripts=True,  # its own code, forked: it reads nothing of a fresh interpreter
         ),
         running_prometheus([f"127.0.0.1:{port}", f"127.0.0.1:{failing}"], [shipped, rules]) as prom,
     ):

@@ -223,13 +223,14 @@ PREMORTEM_SCRIPT = textwrap.dedent(
 def test_the_premortem_is_on_disk_before_the_oom_and_survives_sigkill(tmp_path: Path) -> None:
     script, dumps = tmp_path / "job.py", tmp_path / "dumps"
     script.write_text(PREMORTEM_SCRIPT)
-    proc = subprocess.Popen(
+    proc = forkserver.popen(  # forked: its budget is set from its own RSS, and SIGKILL ends it as any process
         [sys.executable, str(script), str(dumps)],
         env=module_env(),
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        scripts=True,
     )
     try:
         deadline = time.monotonic() + 180

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 import memexporter
 from memexporter.serving import budget, listener, server
+from tests.support import forkserver
 from tests.support.hostile import burst, reset_connection, trickle
 from tests.support.snapshots import rendering
 from tests.support.stderr import besides_serving
@@ -127,8 +128,13 @@ def test_with_a_low_file_limit_trickling_clients_never_take_the_jobs_descriptors
     """)
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, str(job), "14"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    proc = forkserver.popen(  # forked: its limit and descriptors are its own, set and counted by the job
+        [sys.executable, str(job), "14"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        scripts=True,
     )
     try:
         assert proc.stdout is not None
@@ -159,7 +165,7 @@ def test_with_a_low_file_limit_trickling_clients_never_take_the_jobs_descriptors
 def test_port_scans_resets_and_idle_clients_leave_nothing_on_stderr(tmp_path: Path) -> None:
     # A connect-then-reset (a port scanner), a reset in mid-request and a connection closed
     # before its request each printed a socketserver traceback on the job's stderr before.
-    child = subprocess.Popen(
+    child = forkserver.popen(
         [
             sys.executable,
             "-c",
@@ -171,6 +177,7 @@ def test_port_scans_resets_and_idle_clients_leave_nothing_on_stderr(tmp_path: Pa
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        scripts=True,
     )
     try:
         assert child.stdout is not None
@@ -323,12 +330,13 @@ def steps_total(port: int) -> tuple[float, float]:
 @pytest.mark.parametrize("path", ["/metrics", "/healthz"])
 def test_a_request_flood_costs_the_job_at_most_the_cpu_budget_and_scrapes_stay_fresh(path: str) -> None:
     # Before: 4 threads flooding took most of a core in the job's process (x1.7 to x4.5 step time).
-    job = subprocess.Popen(
+    job = forkserver.popen(  # forked: its CPU time is counted from its start, by psutil
         [sys.executable, "-c", JOB],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        scripts=True,
     )
     try:
         assert job.stdout is not None

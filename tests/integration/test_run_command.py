@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from memexporter.bootstrap import path as bootstrap_path
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, forkserver
 from tests.support.demo import module_env
 from tests.support.ports import free_port
 
@@ -41,7 +41,9 @@ SCRIPT = textwrap.dedent(
 
 
 def run(args: list[str], env: dict[str, str] | None = None, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=120, env=module_env(env), cwd=cwd, check=False)
+    """``python -m memexporter run`` forked from the worker's zygote (it runs the script in its own
+    process); the bootstrap's runs, a console script and torchrun in real interpreters (``eligible``)."""
+    return forkserver.run(args, timeout=120, env=module_env(env), cwd=cwd)
 
 
 def test_run_script_with_options_and_exit_code(tmp_path: Path) -> None:
@@ -101,7 +103,8 @@ def test_run_leaves_the_scripts_logging_and_exit_message_alone(tmp_path: Path) -
         """
         )
     )
-    out = run([_entry_point(), "run", "--port", "0", "--addr", "127.0.0.1", str(script)])
+    # python -m: the console script's own start is test_run_module_from_the_console_script's
+    out = run([sys.executable, "-m", "memexporter", "run", "--port", "0", "--addr", "127.0.0.1", str(script)])
     assert out.returncode == 1
     assert "USER debug line" in out.stderr, "the script's own basicConfig took effect"
     assert "fatal: out of patience" in out.stderr

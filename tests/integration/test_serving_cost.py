@@ -17,6 +17,7 @@ import urllib.request
 import psutil
 import pytest
 
+from tests.support import forkserver
 from tests.support.demo import module_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -77,14 +78,17 @@ for line in sys.stdin:
 """
 
 
-def start(script: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+def start(script: str, *args: str) -> forkserver.Process:
+    """The job or the client, forked from the worker's zygote: what is measured is CPU time and latency
+    from its start on, nothing of a fresh interpreter's."""
+    return forkserver.popen(
         [sys.executable, "-c", script, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         env=module_env(),
+        scripts=True,
     )
 
 

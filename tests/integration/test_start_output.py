@@ -4,12 +4,11 @@ to look); a script that set up logging gets it as a log record instead, not twic
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, forkserver
 from tests.support.demo import module_env
 from tests.support.stderr import SERVING
 
@@ -31,15 +30,9 @@ e.stop()  # a second start says it again: each start serves somewhere new
 
 def run(mode: str) -> tuple[str, list[str]]:
     env = {k: v for k, v in module_env().items() if k != "MEMEXPORTER_STRICT"}
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, mode],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env=env,
-        cwd=REPO_ROOT,
-    )
+    # Forked from the worker's zygote: it imported torch, never logging's configuration (what is read here).
+    out = forkserver.run([sys.executable, "-c", SCRIPT, mode], timeout=120, env=env, cwd=REPO_ROOT, scripts=True)
+    assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()[0], out.stderr.splitlines()
 
 

@@ -26,6 +26,7 @@ What the fork would change is run as a real subprocess instead, by ``eligible``:
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import select
@@ -70,13 +71,44 @@ def eligible(argv: Sequence[str], env: Mapping[str, str] | None, scripts: bool =
 
 class Forked:
     """A forked command, as much of ``subprocess.Popen`` as the tests use: ``pid``, ``args``,
-    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``. Its standard streams
-    are the files it was given (``run`` reads pipes for ``capture_output``)."""
+    ``returncode``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``terminate``, ``kill``, and
+    ``stdin``/``stdout``/``stderr`` where ``popen`` was given ``subprocess.PIPE`` for them (None else)."""
 
-    def __init__(self, args: Sequence[str], pid: int, status: int) -> None:
+    def __init__(self, args: Sequence[str], pid: int, status: int, pipes: Mapping[str, IO[Any]] | None = None) -> None:
         self.args, self.pid, self._status = list(args), pid, status
         self.returncode: int | None = None
-        self.stdin = self.stdout = self.stderr = None
+        pipes = pipes or {}
+        self.stdin, self.stdout, self.stderr = (pipes.get(name) for name in ("stdin", "stdout", "stderr"))
+        self._reading: dict[str, tuple[threading.Thread, list[Any]]] = {}  # communicate()'s, kept across a timeout
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]:
+        """As ``subprocess.Popen.communicate``: write ``input`` and close stdin, read stdout and stderr
+        to their end (from the files, so what a ``readline()`` before read ahead is kept), and wait.
+        ``subprocess.TimeoutExpired`` after ``timeout`` s; a later call goes on where it stopped."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.stdin is not None and not self.stdin.closed:
+            with contextlib.suppress(OSError, ValueError):  # the command exited without reading it
+                if input:
+                    self.stdin.write(input)
+                self.stdin.close()
+        for name in ("stdout", "stderr"):
+            stream = getattr(self, name)
+            if stream is not None and name not in self._reading:
+                got: list[Any] = []
+                reader = threading.Thread(target=lambda s=stream, g=got: g.append(s.read()), daemon=True)
+                reader.start()
+                self._reading[name] = (reader, got)
+        for reader, _ in self._reading.values():
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        out = {name: got[0] if got else None for name, (_, got) in self._reading.items()}
+        for name in ("stdout", "stderr"):
+            stream = getattr(self, name)
+            if stream is not None:
+                stream.close()
+        return out.get("stdout"), out.get("stderr")
 
     def _read(self, timeout: float | None) -> None:
         if self.returncode is not None:
@@ -113,10 +145,14 @@ class Forked:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for stream in (self.stdin, self.stdout, self.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    stream.close()
         self.wait()
 
 
-Process = Forked | subprocess.Popen[bytes]
+Process = Forked | subprocess.Popen[Any]
 """What ``popen`` returns: a forked command, or a real subprocess."""
 
 
@@ -175,6 +211,23 @@ class _Server:
 _server = _Server()
 
 
+def _pipes(
+    streams: dict[str, int | IO[Any] | None], text: bool
+) -> tuple[dict[str, int | IO[Any] | None], dict[str, IO[Any]]]:
+    """For each stream given as ``subprocess.PIPE``: a pipe, its child's end in the stream's place (a
+    descriptor, for ``popen`` to close after the fork) and ours as a file, as ``subprocess`` makes it
+    (text: UTF-8, stdin written through)."""
+    ours: dict[str, IO[Any]] = {}
+    for name, stream in streams.items():
+        if stream != subprocess.PIPE:
+            continue
+        r, w = os.pipe()
+        streams[name], mine = (r, w) if name == "stdin" else (w, r)
+        raw = open(mine, "wb" if name == "stdin" else "rb")  # noqa: SIM115  # the Forked's to close
+        ours[name] = io.TextIOWrapper(raw, encoding="utf-8", write_through=True) if text else raw
+    return streams, ours
+
+
 def _fd(stream: int | IO[Any] | None, default: int) -> tuple[int, bool]:
     """The descriptor for a standard stream (``subprocess`` conventions), and whether it is ours to close."""
     if stream is None:
@@ -197,9 +250,10 @@ def popen(
     start_new_session: bool = False,
     fresh: bool = False,
     scripts: bool = False,
+    text: bool = False,
 ) -> Process:
-    """``subprocess.Popen(argv, ...)``, forked from the worker's zygote where ``eligible`` (pipes are
-    ``run``'s: give files or descriptors here)."""
+    """``subprocess.Popen(argv, ...)``, forked from the worker's zygote where ``eligible``; a stream given
+    as ``subprocess.PIPE`` is a pipe there too (``text``: a UTF-8 text file)."""
     if fresh or not eligible(argv, env, scripts):
         return subprocess.Popen(
             list(argv),
@@ -209,10 +263,12 @@ def popen(
             stdout=stdout,
             stderr=subprocess.STDOUT if stderr == subprocess.STDOUT else stderr,
             start_new_session=start_new_session,
+            text=text,
         )
-    out, close_out = _fd(stdout, 1)
-    err, close_err = (out, False) if stderr == subprocess.STDOUT else _fd(stderr, 2)
-    inp, close_in = _fd(stdin, 0)
+    streams, pipes = _pipes({"stdin": stdin, "stdout": stdout, "stderr": stderr}, text)
+    out, close_out = _fd(streams["stdout"], 1)
+    err, close_err = (out, False) if stderr == subprocess.STDOUT else _fd(streams["stderr"], 2)
+    inp, close_in = _fd(streams["stdin"], 0)
     status_r, status_w = os.pipe()
     try:
         pid = _server.fork(
@@ -222,12 +278,18 @@ def popen(
             [inp, out, err, status_w],
             start_new_session,
         )
+    except BaseException:
+        for stream in pipes.values():
+            stream.close()
+        raise
     finally:
         os.close(status_w)
         for fd, mine in ((inp, close_in), (out, close_out), (err, close_err)):
             if mine:
                 os.close(fd)
-    return Forked(argv, pid, status_r)
+        for name in pipes:  # the child's ends: it has its own copies now
+            os.close(int(streams[name]))  # type: ignore[arg-type]
+    return Forked(argv, pid, status_r, pipes)
 
 
 def run(

@@ -90,12 +90,13 @@ def running_command(
     log: Path | None = None,
     what: str | None = None,
     fresh: bool = False,
+    scripts: bool = False,
 ) -> Iterator[Process]:
     """Run ``argv`` in its own process group with stdout and stderr in ``log`` (a temporary file by
     default), yield once every URL in ``ready_urls`` answers 200, and stop the whole group on exit.
     ``ProcessError`` carries the tail of the log when it exits early or is not ready in time. A
     memexporter command is forked from the worker's zygote (``tests/support/forkserver.py``) unless
-    ``fresh``: a new interpreter, for what only one shows."""
+    ``fresh``: a new interpreter, for what only one shows; the test's own code too with ``scripts``."""
     what = what or Path(argv[0]).name
     with contextlib.ExitStack() as stack:
         if log is None:
@@ -111,6 +112,7 @@ def running_command(
                 cwd=cwd,
                 start_new_session=True,
                 fresh=fresh,
+                scripts=scripts,
             )
         try:
             wait_ready(proc, ready_urls, timeout, log, what)

@@ -144,6 +144,49 @@ def test_a_forked_script_and_code_run_as_main(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout.strip()) == (5, "__main__ ['-c', 'x'] ''"), done
 
 
+ECHO = """
+import sys
+print("ready", flush=True)
+line = sys.stdin.readline()
+print("got", line.strip(), flush=True)
+print("more", sys.stdin.read().strip())
+print("to stderr", file=sys.stderr)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("text", [True, False])
+def test_a_forked_command_talks_through_pipes_as_popen_does(text: bool) -> None:
+    # subprocess.PIPE for all three: a readline() first, then communicate(), which keeps what that read ahead.
+    proc = popen(
+        [sys.executable, "-c", ECHO],
+        env=module_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        scripts=True,
+        text=text,
+    )
+    assert isinstance(proc, Forked) and proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout.readline() == ("ready\n" if text else b"ready\n")
+    proc.stdin.write("one\n" if text else b"one\n")
+    proc.stdin.flush()
+    out, err = proc.communicate("two" if text else b"two", timeout=60)
+    assert (proc.returncode, out, err) == (
+        (3, "got one\nmore two\n", "to stderr\n") if text else (3, b"got one\nmore two\n", b"to stderr\n")
+    )
+
+
+def test_communicate_times_out_as_popen_does_and_goes_on_after() -> None:
+    code = "import time; time.sleep(2); print('late')"
+    proc = popen([sys.executable, "-c", code], env=module_env(), stdout=subprocess.PIPE, scripts=True)
+    assert isinstance(proc, Forked)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.communicate(timeout=0.3)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (0, b"late\n", None)
+
+
 def test_fresh_and_the_switch_run_a_real_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     argv = [*MX, "rules", "--help"]
     real = popen(argv, env=module_env(), stdout=subprocess.DEVNULL, fresh=True)
