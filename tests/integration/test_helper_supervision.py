@@ -22,7 +22,7 @@ import torch
 import memexporter
 from memexporter.serving.job import supervise
 from tests.support.ports import free_port
-from tests.support.web import http_ok
+from tests.support.web import answering
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_exporter", "runtime_dir")]
 
@@ -138,10 +138,7 @@ def test_a_killed_helper_answers_again_on_its_port_with_the_count_the_snapshot_a
         steps_before = sample(metrics(port), 'memexporter_steps_total{rank="0"}') or 0
         os.kill(old, signal.SIGKILL)
         killed = time.monotonic()
-        while not http_ok(f"http://127.0.0.1:{port}/metrics", timeout=0.5):
-            assert time.monotonic() - killed < 5, "the killed helper's port did not answer again within 5 s"
-            time.sleep(0.02)
-        back = time.monotonic() - killed
+        back = answering(f"http://127.0.0.1:{port}/metrics", within=5)
         first = metrics(port)  # the first answer: the latest snapshot, with the count in it, at once
     print(f"answering again {back:.2f} s after the SIGKILL")
     assert sample(first, RESTARTS) == 1, "the new helper does not serve the restart's count at once"
@@ -222,8 +219,5 @@ def test_a_stopped_helper_never_holds_the_job_then_is_killed_and_replaced(
     assert reaped(old), "the stopped helper was not killed and reaped"
     lines = said(caplog)
     assert len(lines) == 1 and "did not answer for 10 s and was killed" in lines[0], lines
-    end = time.monotonic() + 5
-    while not http_ok(f"http://127.0.0.1:{port}/metrics", timeout=0.5):
-        assert time.monotonic() < end, "the new helper does not answer"
-        time.sleep(0.05)
+    answering(f"http://127.0.0.1:{port}/metrics", within=5)
     assert sample(metrics(port), RESTARTS) == 1 and exp.helper_pid == pid

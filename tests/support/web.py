@@ -15,6 +15,7 @@ first has it publish (``Exporter.flush()``), so a test reads what it just did, a
 from __future__ import annotations
 
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -73,3 +74,14 @@ def http_status(url: str, timeout: float = 2.0) -> str:
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
     return http_status(url, timeout) == "200"
+
+
+def answering(url: str, within: float) -> float:
+    """Seconds until ``url`` answers 200 (a restarted helper binds its port again: until then a connection is
+    refused); fails the test after ``within`` seconds."""
+    began = time.monotonic()
+    while not http_ok(url, timeout=0.5):
+        waited = time.monotonic() - began
+        assert waited < within, f"{url} did not answer within {within:g} s: {http_status(url, 0.5)}"
+        time.sleep(0.02)
+    return time.monotonic() - began
