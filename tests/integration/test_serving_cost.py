@@ -2,13 +2,15 @@
 the job's own CPU time (``psutil``: its threads only, not its children) with and without a flood of every
 route, and the latency of a paced scrape while a launch-bound loop holds the GIL (the first of up to six
 10 s windows within the bound: on a shared 2-core machine another process can slow one window; it cannot
-make the job's GIL reach the helper, which would show in every window).
+make the job's GIL reach the helper, which would show in every window), beside a plain server in a
+process of its own that shows what the machine alone adds.
 
 Before the helper, the flood cost the job its server's whole CPU budget (0.25 s at once, then 2 % of a
 core: about 0.45 s in 10 s), and a scrape waited for the training thread to let go of the GIL."""
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 import time
@@ -78,8 +80,28 @@ for line in sys.stdin:
 """
 
 
+# The machine's own share of a scrape's latency: a plain Python server in a process of its own, one thread,
+# answering every request with a body of argv[1] bytes (the helper's). What slows it on a loaded box
+# (other processes holding both cores) slows the helper alike; the job's GIL reaches neither.
+CONTROL = """
+import socket, sys
+body = b"#" * int(sys.argv[1])
+head = b"HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\nConnection: close\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(body)
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+while True:
+    conn, _ = server.accept()
+    with conn:
+        request = b""
+        while b"\\r\\n\\r\\n" not in request and (chunk := conn.recv(65536)):
+            request += chunk
+        conn.sendall(head + body)
+"""
+BOUND = 0.020  # seconds: a scrape's p99 while the job trains
+
+
 def start(script: str, *args: str) -> forkserver.Process:
-    """The job or the client, forked from the worker's zygote: what is measured is CPU time and latency
+    """The job, the client or the control, forked from the worker's zygote: what is measured is CPU time and latency
     from its start on, nothing of a fresh interpreter's."""
     return forkserver.popen(
         [sys.executable, "-c", script, *args],
@@ -127,33 +149,49 @@ def test_a_flood_of_every_route_costs_the_job_at_most_100_ms_of_cpu_in_10_s() ->
     assert flooded - quiet <= 0.1, f"the job spent {flooded:.3f} CPU s in 10 s of flood, {quiet:.3f} without"
 
 
+def p99(took: list[float]) -> float:
+    """The 99th percentile of 100 latencies (the second-longest)."""
+    return sorted(took)[98]
+
+
 @pytest.mark.slow(seconds=45)
 def test_a_paced_scrape_at_10_per_second_answers_within_20_ms_at_p99_during_training() -> None:
     job = start(JOB, "0", "1")
+    control = None
     try:
         assert job.stdout is not None
         url = f"http://127.0.0.1:{int(job.stdout.readline())}/metrics"
-        urllib.request.urlopen(url, timeout=30).read()
-        windows: list[tuple[float, float, float]] = []
-        # Windows of 10 s at 10 a second, as Prometheus paces them, until one is within the bound (six at
-        # most): another process on a shared 2-core box can slow a window (CI: p99 23 ms in the best of
-        # three, under a load of 4 test workers); it cannot make the job's GIL reach the helper, which
-        # every window would show (94 ms before the helper).
-        while len(windows) < 6 and not any(w[0] <= 0.020 for w in windows):
-            took, next_at = [], time.monotonic()
+        size = len(urllib.request.urlopen(url, timeout=30).read())
+        control = start(CONTROL, str(size))
+        assert control.stdout is not None
+        beside = f"http://127.0.0.1:{int(control.stdout.readline())}/metrics"
+        windows: list[tuple[float, float]] = []  # (the helper's p99, the control's p99), seconds
+        # Windows of 10 s, each server scraped 10 times a second as Prometheus paces it, the two interleaved,
+        # until the helper is within the bound (six windows at most). Another process on the shared 2-core box
+        # can slow a window (issue 40's fresh clone: p99 36-104 ms in six windows beside promtool and
+        # chromium); it slows the control alike, and it cannot make the job's GIL reach the helper, which
+        # every window would show against the control (94 ms before the helper).
+        while len(windows) < 6 and not any(ours <= BOUND for ours, _ in windows):
+            took: dict[str, list[float]] = {url: [], beside: []}
+            next_at = time.monotonic()
             for _ in range(100):
-                t0 = time.monotonic()
-                with urllib.request.urlopen(url, timeout=10) as r:
-                    assert r.status == 200 and r.read()
-                took.append(time.monotonic() - t0)
+                for target, times in took.items():
+                    t0 = time.monotonic()
+                    with urllib.request.urlopen(target, timeout=10) as r:
+                        assert r.status == 200 and r.read()
+                    times.append(time.monotonic() - t0)
                 next_at += 0.1
                 time.sleep(max(0.0, next_at - time.monotonic()))
-            took.sort()
-            windows.append((took[98], took[49], took[-1]))  # p99, p50, max
+            windows.append((p99(took[url]), p99(took[beside])))
     finally:
-        job.kill()
-        job.wait()
-    said = "; ".join(
-        f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {top * 1e3:.1f} ms" for p99, p50, top in windows
-    )
-    assert min(w[0] for w in windows) <= 0.020, said
+        for p in (control, job):
+            if p is not None:
+                p.kill()
+                p.wait()
+    said = "; ".join(f"helper {ours * 1e3:.1f} ms, control {theirs * 1e3:.1f} ms" for ours, theirs in windows)
+    print(f"p99 of each 10 s window: {said}")
+    # Within the bound in a window; or, where the machine slowed all six, no slower than the control beyond
+    # machine noise (medians over the windows: loaded by 8 busy loops, the helper's p99 ran 13-28 ms to the
+    # control's 11-31; a plain server on a thread of the training process, as before the helper, 58-104).
+    helper, plain = statistics.median(w[0] for w in windows), statistics.median(w[1] for w in windows)
+    assert any(ours <= BOUND for ours, _ in windows) or helper <= 1.5 * plain, said
