@@ -16,32 +16,30 @@ reaches the inherited one the two agree for good, and the cheap read serves alon
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import sys
+
+from memexporter.backends.procfile import ProcFile
 
 _KIB = 1024
 _STATUS = "/proc/self/status"
 
 
-def _own_kib(fd: int) -> int | None:
-    """``VmHWM`` (KiB) from the open status file, None when it has none (not Linux, a kernel thread)."""
-    data = os.pread(fd, 8192, 0)
-    at = data.find(b"VmHWM:")
+def _own_kib(status: bytes) -> int | None:
+    """``VmHWM`` (KiB) from the status file, None when it has none (not Linux, a kernel thread)."""
+    at = status.find(b"VmHWM:")
     if at < 0:
         return None
-    return int(data[at + 6 : data.index(b"\n", at)].split()[0])
+    return int(status[at + 6 : status.index(b"\n", at)].split()[0])
 
 
 class HighWater:
     """Callable: this process's lifetime RSS high-water mark (bytes). Fork-safe: a child reads its own."""
 
     def __init__(self, status: str = _STATUS) -> None:
-        self._status = status
-        self._fd: tuple[int, int] | None = None  # (pid, descriptor) while ru_maxrss is not yet ours
+        self._status = ProcFile(status, 8192)  # read while ru_maxrss is not yet ours
         self._own_pid = -1  # the pid for which ru_maxrss is known to be the process's own
-        self._closed = False  # the exporter stopped: a read opens the status file and closes it again
 
     def __call__(self) -> int:
         mark = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -50,43 +48,21 @@ class HighWater:
         pid = os.getpid()
         if self._own_pid == pid:
             return int(mark) * _KIB
-        own = self._read_own(pid)
+        own = self._read_own()
         if own is None or own >= mark:  # no VmHWM, or ru_maxrss is ours now: it stays so
-            self._drop()
+            self._status.release()
             self._own_pid = pid
             return int(mark) * _KIB
         return own * _KIB
 
-    def _read_own(self, pid: int) -> int | None:
-        if self._fd is None or self._fd[0] != pid:  # opened per process: a forked child's copy reads the parent
-            try:
-                fd = os.open(self._status, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return None
-            if self._closed:
-                try:
-                    return _own_kib(fd)
-                except (OSError, ValueError, IndexError):
-                    return None
-                finally:
-                    os.close(fd)
-            self._fd = (pid, fd)
+    def _read_own(self) -> int | None:
+        status = self._status.read()
         try:
-            return _own_kib(self._fd[1])
-        except (OSError, ValueError, IndexError):
+            return None if status is None else _own_kib(status)
+        except (ValueError, IndexError):
             return None
 
     def close(self) -> None:
         """Close the status descriptor, if this process opened one (the exporter's ``stop()``); later reads
         keep none open."""
-        self._closed = True
-        self._drop()
-
-    def _drop(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None and fd[0] == os.getpid():
-            with contextlib.suppress(OSError):
-                os.close(fd[1])
-
-    def __del__(self) -> None:
-        self._drop()
+        self._status.close()

@@ -1,4 +1,5 @@
-"""Host memory: with ``cgroup.py``, the only module that reads psutil, /proc and cgroup files.
+"""Host memory: with ``cgroup.py`` and ``procfile.py``, the only modules that read psutil, /proc and
+cgroup files.
 
 A container's memory limit is a cgroup limit, not the machine's RAM, and the kernel's OOM killer
 acts on it. So the limit and the available memory are the tighter of the machine's and the
@@ -10,7 +11,6 @@ Each figure is read on its own: one that fails is ``None`` in the sample (and na
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +20,7 @@ import psutil
 
 from memexporter.backends.base import HostSample, LogOnce
 from memexporter.backends.cgroup import CgroupMemory, read_cgroup
+from memexporter.backends.procfile import ProcFile
 
 __all__ = ["CgroupMemory", "HostBackend", "HostSample", "read_cgroup"]
 
@@ -67,49 +68,26 @@ class HostBackend:
         self._proc = psutil.Process()
         self._cgroup_root = cgroup_root
         self._proc_cgroup = proc_cgroup
-        self._statm_path = statm
-        self._statm: tuple[int, int] | None = None  # (pid, descriptor) of the open statm file
-        self._closed = False  # stopped: read through psutil, keep no descriptor open
+        self._statm = ProcFile(statm, 256)
 
     def rss(self) -> int:
         """Resident set size of this process in bytes, for the step tracker and every phase boundary.
 
-        Linux: field 2 of ``/proc/self/statm`` (pages) through a descriptor kept open, about 1 us a
-        read where psutil's ``memory_info()`` takes about 7; elsewhere, or if that fails, psutil.
+        Linux: field 2 of ``/proc/self/statm`` (pages) through a descriptor kept open (``procfile.py``),
+        about 1 us a read where psutil's ``memory_info()`` takes about 7; elsewhere, or if that fails, psutil.
         """
-        fd = self._statm_fd()
-        if fd is not None:
+        data = self._statm.read()
+        if data is not None:
             try:
-                return int(os.pread(fd, 256, 0).split()[1]) * _PAGE
-            except (OSError, ValueError, IndexError):
+                return int(data.split()[1]) * _PAGE
+            except (ValueError, IndexError):
                 pass
         return int(psutil.Process().memory_info().rss)
 
-    def _statm_fd(self) -> int | None:
-        # Opened per process: a forked child's inherited descriptor reads its parent's file.
-        pid = os.getpid()
-        if self._statm is not None and self._statm[0] == pid:
-            return self._statm[1]
-        if self._closed:  # a reading after stop() (a phase closed then) must not reopen it for good
-            return None
-        try:
-            fd = os.open(self._statm_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            fd = -1
-        self._statm = (pid, fd)
-        return None if fd < 0 else fd
-
     def close(self) -> None:
         """Close the statm descriptor (the exporter's ``stop()``: every descriptor it opened goes); later
-        reads go through psutil, which keeps none open."""
-        self._closed = True
-        statm, self._statm = self._statm, None
-        if statm is not None and statm[0] == os.getpid() and statm[1] >= 0:
-            with contextlib.suppress(OSError):
-                os.close(statm[1])
-
-    def __del__(self) -> None:
-        self.close()
+        reads keep none open."""
+        self._statm.close()
 
     def children_rss(self) -> int:
         """Summed RSS of all descendants (DataLoader workers and their children), in bytes."""
