@@ -175,6 +175,11 @@ def descriptors(pid: int | str = "self") -> dict[int, str]:
     return found
 
 
+def open_on(path: os.PathLike[str] | str) -> list[int]:
+    """This process's descriptors open on ``path``."""
+    return [fd for fd, target in descriptors().items() if target == os.fspath(path)]
+
+
 def changed(before: dict[int, str], after: dict[int, str]) -> dict[int, tuple[str | None, str | None]]:
     """The descriptors that differ between two ``descriptors()``: ``{fd: (before, after)}``, None where closed."""
     return {

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from memexporter.backends.highwater import HighWater
+from tests.support.hostile import open_on
 
 KIB = 1024
 
@@ -56,19 +57,6 @@ def test_the_real_status_file_gives_a_mark_no_higher_than_ru_maxrss() -> None:
     mark.close()
 
 
-def _open_on(path: Path) -> list[str]:
-    """This process's descriptors open on ``path``."""
-    fds = Path("/proc/self/fd")
-    found = []
-    for fd in fds.iterdir():
-        try:
-            if fd.readlink() == path:
-                found.append(fd.name)
-        except OSError:  # the listing's own descriptor, closed by now
-            pass
-    return found
-
-
 def test_closed_below_an_inherited_mark_it_still_reads_and_keeps_nothing_open(tmp_path: Path) -> None:
     # The exporter's stop() closes it; a phase the user closes after stop() still reads the mark. The
     # descriptor was never closed by stop() before, and a start/stop cycle below an inherited mark (a
@@ -77,9 +65,9 @@ def test_closed_below_an_inherited_mark_it_still_reads_and_keeps_nothing_open(tm
     path = tmp_path / "status"
     mark = HighWater(_status(path, own))
     assert mark() == own * KIB
-    assert len(_open_on(path)) == 1  # kept open while the mark is inherited: a pread a step
+    assert len(open_on(path)) == 1  # kept open while the mark is inherited: a pread a step
     mark.close()
-    assert _open_on(path) == []
+    assert open_on(path) == []
     _status(path, own + 100)
     assert mark() == (own + 100) * KIB
-    assert _open_on(path) == []
+    assert open_on(path) == []

@@ -18,20 +18,9 @@ import pytest
 from memexporter.backends import procfile
 from memexporter.backends.host import HostBackend
 from memexporter.backends.procfile import ProcFile
+from tests.support.hostile import open_on
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def open_on(path: Path) -> list[str]:
-    """This process's descriptors open on ``path``."""
-    found = []
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            if fd.readlink() == path:
-                found.append(fd.name)
-        except OSError:  # the listing's own descriptor, closed by now
-            pass
-    return found
 
 
 def both_at_once(monkeypatch: pytest.MonkeyPatch, read: Callable[[], object]) -> list[object]:
