@@ -31,7 +31,13 @@ import pytest
 
 from memexporter.dashboards.queries import panel_queries
 from tests.support import REPO_ROOT
-from tests.support.alertmanager import Alertmanager, WebhookReceiver, running_alertmanager, webhook_config
+from tests.support.alertmanager import (
+    Alertmanager,
+    AlertRelay,
+    WebhookReceiver,
+    running_alertmanager,
+    webhook_config,
+)
 from tests.support.binaries import require
 from tests.support.demo import SMALL_MODEL, demo_argv, module_env
 from tests.support.ports import free_port
@@ -95,7 +101,7 @@ class Live:
     rules: Path  # the demo preset both evaluate
     started: float
     first_seen: dict[tuple[str, str, Labels], float] = field(default_factory=dict)
-    generators: dict[Labels, set[str]] = field(default_factory=dict)  # Alertmanager's generatorURLs seen
+    relays: dict[str, AlertRelay] = field(default_factory=dict)  # each evaluator's way to Alertmanager
     # A second vmalert started once the alerts fire: the expected alerts the first one held firing
     # then, and the second one's alerts as it first held them firing, after how many seconds.
     handed_over: set[Labels] = field(default_factory=set)
@@ -169,7 +175,7 @@ def _start_replica(live: Live, stack: contextlib.ExitStack, overrides: dict[str,
     each alert's state back from VictoriaMetrics (-remoteRead.url), so the alerts that fire
     need not wait out their `for` again. Notes when it holds each expected one firing."""
     replica = stack.enter_context(
-        running_vmalert(live.vm.url, [live.rules], notifier_url=live.am.url, overrides=overrides)
+        running_vmalert(live.vm.url, [live.rules], notifier_url=live.relays["vmalert"].url, overrides=overrides)
     )
     begun = time.monotonic()
     live.handed_over = set(live.expected("rank")) & {
@@ -184,19 +190,15 @@ def _start_replica(live: Live, stack: contextlib.ExitStack, overrides: dict[str,
 
 def _settle(live: Live) -> None:
     """Once vmalert has sent the firing alerts at least once more, wait out Alertmanager's
-    grouping, noting which evaluator sent each alert Alertmanager holds (its generatorURL)."""
+    grouping, and until Alertmanager took each alert of a pair from both evaluators (their relays)."""
     sent = live.vmalert.metric("vmalert_alerts_sent_total")
     deadline = time.monotonic() + 30
     while live.vmalert.metric("vmalert_alerts_sent_total") <= sent:
         assert time.monotonic() < deadline, f"vmalert sent nothing in 30 s:\n{live.vmalert.log}"
         time.sleep(0.5)
-    # Alertmanager holds the last sender's generatorURL; each evaluator resends every second, but on
-    # a loaded machine one can miss a few seconds (CI saw Prometheus's updates missing from 4 s of
-    # samples): keep sampling, up to SETTLE_MAX_S, until both were seen on every alert of a pair.
+    # Each evaluator resends every second; on a loaded machine one can miss a few: up to SETTLE_MAX_S.
     end, last = time.monotonic() + SETTLE_S, time.monotonic() + SETTLE_MAX_S
     while time.monotonic() < end or (time.monotonic() < last and not _both_sent(live)):
-        for alert in live.am.alerts():
-            live.generators.setdefault(identity(alert), set()).add(alert["generatorURL"])
         live.observe()
         time.sleep(0.2)
 
@@ -207,8 +209,9 @@ def _pairs(live: Live) -> list[Labels]:
 
 
 def _senders(live: Live, labels: Labels) -> set[str]:
-    """Which evaluators Alertmanager took ``labels`` from (by the generatorURLs seen)."""
-    return {"vmalert" if "vmalert" in url else "prometheus" for url in live.generators.get(labels, set())}
+    """Which evaluators Alertmanager took ``labels`` from (each one's relay counts what it accepted; its
+    own list names only the last sender, which hid Prometheus's updates for 30 s once: issue 40)."""
+    return {name for name, relay in live.relays.items() if relay.took(labels)}
 
 
 def _both_sent(live: Live) -> bool:
@@ -253,13 +256,16 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         for proc, port, run_id in demos:
             wait_ready(proc, [f"http://127.0.0.1:{port}/metrics"], 90, tmp / f"demo-{port}.log", f"demo ({run_id})")
         agent = stack.enter_context(running_prometheus_agent(targets, vm.write_url))
-        prom = stack.enter_context(running_prometheus(targets, [rules], alertmanager_url=am.url))
+        relays = {name: stack.enter_context(AlertRelay(am.url)) for name in ("prometheus", "vmalert")}
+        prom = stack.enter_context(running_prometheus(targets, [rules], alertmanager_url=relays["prometheus"].url))
         # The shipped flags at the test's pace: intervals of 1 s instead of 15 s, so the
         # remote-write flush 1 s instead of 5 s.
         overrides: dict[str, str | None] = {"-remoteWrite.flushInterval": "1s"}
-        vmalert = stack.enter_context(running_vmalert(vm.url, [rules], notifier_url=am.url, overrides=overrides))
+        vmalert = stack.enter_context(
+            running_vmalert(vm.url, [rules], notifier_url=relays["vmalert"].url, overrides=overrides)
+        )
         agent.wait_targets_up(timeout=30)
-        state = Live(prom, vm, vmalert, am, hook, tuple(targets[:2]), targets[2], rules, started)
+        state = Live(prom, vm, vmalert, am, hook, tuple(targets[:2]), targets[2], rules, started, relays=relays)
         _wait_for_both(state)
         _settle(state)
         _start_replica(state, stack, overrides)

@@ -13,6 +13,8 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,6 +37,72 @@ class Received:
     time: float
     path: str
     payload: dict[str, Any]
+
+
+@dataclass
+class AlertRelay:
+    """An HTTP relay on ``127.0.0.1`` (free port) in front of an Alertmanager, for one evaluator: it forwards
+    each request and counts the label sets of the alerts Alertmanager accepted through it (``accepted``).
+
+    Alertmanager's own list shows only an alert's last sender (its ``generatorURL``): where two evaluators
+    resend a second apart, the later one's update hides the other's within milliseconds, and a test that
+    polled the list saw one of them for 30 s (issue 40). The relay sees every update."""
+
+    target: str  # Alertmanager's base URL
+    accepted: dict[frozenset[tuple[str, str]], int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "AlertRelay is not running; use it as a context manager"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> AlertRelay:
+        relay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+                request = urllib.request.Request(
+                    relay.target.rstrip("/") + self.path,
+                    data=body,
+                    method=self.command,
+                    headers={"Content-Type": self.headers.get("Content-Type", "application/json")},
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as resp:
+                        status, answer = resp.status, resp.read()
+                except urllib.error.HTTPError as err:
+                    status, answer = err.code, err.read()
+                if body and self.command == "POST" and 200 <= status < 300:
+                    with contextlib.suppress(ValueError, TypeError, AttributeError), relay._lock:
+                        for alert in json.loads(body):
+                            labels = frozenset(alert["labels"].items())
+                            relay.accepted[labels] = relay.accepted.get(labels, 0) + 1
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            do_GET = do_POST = _forward
+
+            def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, name="alert-relay", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def took(self, labels: frozenset[tuple[str, str]]) -> bool:
+        """Whether Alertmanager accepted an update of the alert ``labels`` through this relay."""
+        with self._lock:
+            return self.accepted.get(labels, 0) > 0
 
 
 @dataclass
