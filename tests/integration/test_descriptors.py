@@ -15,7 +15,8 @@ import socket
 import pytest
 
 import memexporter
-from tests.support.hostile import changed, descriptors, no_collection
+from tests.support.descriptors import changed, descriptors
+from tests.support.hostile import no_collection
 from tests.support.web import get_text
 
 pytestmark = pytest.mark.usefixtures("no_exporter")

@@ -31,13 +31,7 @@ import pytest
 
 from memexporter.dashboards.queries import panel_queries
 from tests.support import REPO_ROOT
-from tests.support.alertmanager import (
-    Alertmanager,
-    AlertRelay,
-    WebhookReceiver,
-    running_alertmanager,
-    webhook_config,
-)
+from tests.support.alertmanager import Alertmanager, AlertRelay, WebhookReceiver, running_alertmanager, webhook_config
 from tests.support.binaries import require
 from tests.support.demo import SMALL_MODEL, demo_argv, module_env
 from tests.support.ports import free_port

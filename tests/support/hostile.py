@@ -13,7 +13,6 @@ import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tests.support import heap
 
@@ -163,30 +162,6 @@ def reset_connection(port: int, host: str = "127.0.0.1", send: bytes = b"") -> N
         s.sendall(send)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()
-
-
-def descriptors(pid: int | str = "self") -> dict[int, str]:
-    """A process's open descriptors (Linux), each with what it is open on (``socket:[123]``, a path)."""
-    found = {}
-    folder = Path("/proc") / str(pid) / "fd"
-    for name in os.listdir(folder):
-        with contextlib.suppress(OSError):  # closed meanwhile (the listing's own, for one)
-            found[int(name)] = os.readlink(folder / name)
-    return found
-
-
-def open_on(path: os.PathLike[str] | str) -> list[int]:
-    """This process's descriptors open on ``path``."""
-    return [fd for fd, target in descriptors().items() if target == os.fspath(path)]
-
-
-def changed(before: dict[int, str], after: dict[int, str]) -> dict[int, tuple[str | None, str | None]]:
-    """The descriptors that differ between two ``descriptors()``: ``{fd: (before, after)}``, None where closed."""
-    return {
-        fd: (before.get(fd), after.get(fd))
-        for fd in sorted(before.keys() | after.keys())
-        if before.get(fd) != after.get(fd)
-    }
 
 
 @contextlib.contextmanager

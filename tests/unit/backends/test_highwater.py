@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from memexporter.backends.highwater import HighWater
-from tests.support.hostile import open_on
+from tests.support.descriptors import open_on
 
 KIB = 1024
 

@@ -18,7 +18,7 @@ import pytest
 from memexporter.backends import procfile
 from memexporter.backends.host import HostBackend
 from memexporter.backends.procfile import ProcFile
-from tests.support.hostile import open_on
+from tests.support.descriptors import open_on
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
