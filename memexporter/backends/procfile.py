@@ -21,6 +21,7 @@ import contextlib
 import os
 import threading
 
+_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _opening = threading.Lock()
 
 
@@ -62,7 +63,7 @@ class ProcFile:
                 return None
             if self._fd is None or self._fd[0] != pid:  # another thread may have opened it meanwhile
                 try:
-                    fd = os.open(self._path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    fd = os.open(self._path, _FLAGS)
                 except OSError:
                     fd = -1
                 self._fd = (pid, fd)
@@ -70,7 +71,7 @@ class ProcFile:
 
     def _read_once(self) -> bytes | None:
         try:
-            fd = os.open(self._path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(self._path, _FLAGS)
         except OSError:
             return None
         try:
@@ -84,9 +85,7 @@ class ProcFile:
         """Close this process's descriptor; a later read opens it again (not needed for now, not stopped)."""
         with _opening:
             opened, self._fd = self._fd, None
-        if opened is not None and opened[0] == os.getpid() and opened[1] >= 0:
-            with contextlib.suppress(OSError):
-                os.close(opened[1])
+        _close_own(opened)
 
     def close(self) -> None:
         """Close this process's descriptor for good: later reads keep none open (the exporter's ``stop()``)."""
@@ -97,6 +96,11 @@ class ProcFile:
     def __del__(self) -> None:
         # No lock here: a collection can run on any thread, even one inside _open.
         opened, self._fd = self._fd, None
-        if opened is not None and opened[0] == os.getpid() and opened[1] >= 0:
-            with contextlib.suppress(OSError):
-                os.close(opened[1])
+        _close_own(opened)
+
+
+def _close_own(opened: tuple[int, int] | None) -> None:
+    """Close a ``(pid, descriptor)`` this process opened (not one inherited across a fork)."""
+    if opened is not None and opened[0] == os.getpid() and opened[1] >= 0:
+        with contextlib.suppress(OSError):
+            os.close(opened[1])

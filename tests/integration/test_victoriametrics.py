@@ -203,7 +203,7 @@ def _pairs(live: Live) -> list[Labels]:
 
 
 def _senders(live: Live, labels: Labels) -> set[str]:
-    """Which evaluators Alertmanager took ``labels`` from (each one's relay counts what it accepted; its
+    """Which evaluators Alertmanager took ``labels`` from (each one's relay notes what it accepted; its
     own list names only the last sender, which hid Prometheus's updates for 30 s once: issue 40)."""
     return {name for name, relay in live.relays.items() if relay.took(labels)}
 

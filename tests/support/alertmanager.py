@@ -42,14 +42,14 @@ class Received:
 @dataclass
 class AlertRelay:
     """An HTTP relay on ``127.0.0.1`` (free port) in front of an Alertmanager, for one evaluator: it forwards
-    each request and counts the label sets of the alerts Alertmanager accepted through it (``accepted``).
+    each request and notes the label sets of the alerts Alertmanager accepted through it (``accepted``).
 
     Alertmanager's own list shows only an alert's last sender (its ``generatorURL``): where two evaluators
     resend a second apart, the later one's update hides the other's within milliseconds, and a test that
     polled the list saw one of them for 30 s (issue 40). The relay sees every update."""
 
     target: str  # Alertmanager's base URL
-    accepted: dict[frozenset[tuple[str, str]], int] = field(default_factory=dict)
+    accepted: set[frozenset[tuple[str, str]]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -77,9 +77,7 @@ class AlertRelay:
                     status, answer = err.code, err.read()
                 if body and self.command == "POST" and 200 <= status < 300:
                     with contextlib.suppress(ValueError, TypeError, AttributeError), relay._lock:
-                        for alert in json.loads(body):
-                            labels = frozenset(alert["labels"].items())
-                            relay.accepted[labels] = relay.accepted.get(labels, 0) + 1
+                        relay.accepted.update(frozenset(alert["labels"].items()) for alert in json.loads(body))
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
@@ -102,7 +100,7 @@ class AlertRelay:
     def took(self, labels: frozenset[tuple[str, str]]) -> bool:
         """Whether Alertmanager accepted an update of the alert ``labels`` through this relay."""
         with self._lock:
-            return self.accepted.get(labels, 0) > 0
+            return labels in self.accepted
 
 
 @dataclass
